@@ -1,0 +1,283 @@
+"""Launch cells under torchrun, many cells per launch, with a per-cell watchdog.
+
+One launch per group of compatible cells (``harness.plan.group_into_launches``). The
+worker's rank 0 marks each cell's start in a progress file and appends its record when
+done; this process watches both. A cell still running ``timeout_s + grace`` after its
+start is a hang: the whole launch (its process group) is killed, the cell recorded, and
+a new launch runs the cells after it. A launch that dies mid-cell (``os.abort()``, a
+segfault) gets the cell recorded as a crash, and the rest relaunched likewise.
+
+``torchrun --standalone`` picks a free rendezvous port per launch, so launches in
+parallel processes (pytest-xdist workers) never collide.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness import record
+from harness.plan import Cell, LaunchPlan, group_into_launches
+from harness.spec import Expect, Scenario
+
+__all__ = ["LaunchOptions", "run_cells"]
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(kw_only=True)
+class LaunchOptions:
+    run_id: str
+    out_path: Path
+    log_dir: Path
+    patches_module: str = "fsdp_patches"
+    patch_mapping: dict[str, str] = field(default_factory=dict)
+    scenario_dirs: list[str] = field(default_factory=list)
+    python: str = sys.executable
+    #: extra torchrun arguments replacing ``--standalone`` (multi-node: --nnodes, --node-rank, --rdzv-endpoint ...)
+    rdzv_args: list[str] = field(default_factory=list)
+    grace_s: float = 5.0
+    #: how long a launch may take to start its first cell (imports, rendezvous)
+    startup_timeout_s: float = 180.0
+    on_record: Callable[[dict[str, Any]], None] | None = None
+
+
+def run_cells(cells: list[Cell], scenarios: dict[str, Scenario], opts: LaunchOptions) -> list[dict[str, Any]]:
+    """Run every cell; return their records in the order they were written."""
+    opts.log_dir.mkdir(parents=True, exist_ok=True)
+    opts.out_path.parent.mkdir(parents=True, exist_ok=True)
+    opts.out_path.touch()
+    records: list[dict[str, Any]] = []
+    counter = 0
+    for group in group_into_launches(cells):
+        remaining = group
+        while remaining:
+            counter += 1
+            remaining = _launch(remaining, scenarios, opts, f"{opts.run_id}-L{counter}", records)
+    return records
+
+
+def _launch(
+    cells: list[Cell], scenarios: dict[str, Scenario], opts: LaunchOptions, launch_id: str, records: list
+) -> list[Cell]:
+    """One torchrun over ``cells``; returns the cells still to run."""
+    first = cells[0]
+    plan = LaunchPlan(
+        run_id=opts.run_id,
+        launch_id=launch_id,
+        device=first.device,
+        world_size=first.world_size,
+        variant=first.variant,
+        patches=list(first.patches),
+        patches_module=opts.patches_module,
+        patch_mapping=opts.patch_mapping,
+        out_path=str(opts.out_path.resolve()),
+        progress_path=str((opts.log_dir / f"{launch_id}.progress").resolve()),
+        scenario_dirs=[str(Path(d).resolve()) for d in opts.scenario_dirs],
+        cells=cells,
+    )
+    plan_path = opts.log_dir / f"{launch_id}.json"
+    plan.dump(plan_path)
+    Path(plan.progress_path).touch()
+    log_path = opts.log_dir / f"{launch_id}.log"
+    offset = opts.out_path.stat().st_size
+    proc = _start(plan, plan_path, log_path, opts)
+    watch = _Watch(plan=plan, out_path=opts.out_path, offset=offset)
+    by_index = {c.index: c for c in cells}
+    launch_t0 = time.time()
+    killed_for: Cell | None = None
+    while True:
+        exited = proc.poll() is not None
+        for rec in watch.new_records():
+            _accept(rec, records, opts)
+        current = watch.current()
+        now = time.time()
+        if exited:
+            break
+        if current is not None:
+            cell = by_index[current[0]]
+            if now - current[1] > cell.timeout_s + opts.grace_s:
+                killed_for = cell
+                _kill(proc)
+                break
+        elif not watch.started and now - launch_t0 > opts.startup_timeout_s:
+            _kill(proc)
+            break
+        time.sleep(0.05)
+    proc.wait()
+    for rec in watch.new_records():
+        _accept(rec, records, opts)
+    done = watch.recorded
+    started = watch.started
+    unfinished = [c for c in cells if c.index in started and c.index not in done]
+    if killed_for is not None:
+        t = watch.start_time(killed_for.index)
+        msg = f"no result {killed_for.timeout_s:g} s + {opts.grace_s:g} s after the cell started; launch killed"
+        _accept(_outside_record(killed_for, scenarios, opts, "hang", msg, None, t, log_path), records, opts)
+        done.add(killed_for.index)
+    for cell in unfinished:
+        if cell.index in done:
+            continue
+        exc_type, msg, rank = _crash_cause(log_path)
+        rec = _outside_record(cell, scenarios, opts, "crash", msg, rank, watch.start_time(cell.index), log_path)
+        rec["exc_type"] = exc_type
+        _accept(rec, records, opts)
+        done.add(cell.index)
+    if not started:
+        # The launch never reached a cell: record why once for all of them, do not loop.
+        exc_type, msg, _ = _crash_cause(log_path)
+        for cell in cells:
+            rec = _outside_record(cell, scenarios, opts, "error", f"launch failed before the cell: {msg}", None, time.time(), log_path)
+            rec["exc_type"] = exc_type
+            _accept(rec, records, opts)
+        return []
+    return [c for c in cells if c.index not in done]
+
+
+def _start(plan: LaunchPlan, plan_path: Path, log_path: Path, opts: LaunchOptions) -> subprocess.Popen:
+    rdzv = opts.rdzv_args or ["--standalone"]
+    cmd = [
+        opts.python, "-m", "torch.distributed.run", *rdzv,
+        "--nproc-per-node", str(plan.world_size),
+        "-m", "harness.worker", "--plan", str(plan_path.resolve()),
+    ]  # fmt: skip
+    env = dict(os.environ)
+    env["PYTHONUNBUFFERED"] = "1"
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env["PYTHONPATH"] = os.pathsep.join([str(PROJECT_ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    log = open(log_path, "w")
+    log.write("$ " + " ".join(cmd) + "\n")
+    log.flush()
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True, cwd=PROJECT_ROOT)
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+class _Watch:
+    """Follows a launch's progress file and the new lines of the records file."""
+
+    def __init__(self, *, plan: LaunchPlan, out_path: Path, offset: int) -> None:
+        self.plan = plan
+        self.out_path = out_path
+        self.offset = offset
+        self.progress_offset = 0
+        self.starts: dict[int, float] = {}
+        self.recorded: set[int] = set()
+        self._buffer = ""
+
+    @property
+    def started(self) -> set[int]:
+        self._read_progress()
+        return set(self.starts)
+
+    def start_time(self, index: int) -> float:
+        return self.starts.get(index, time.time())
+
+    def current(self) -> tuple[int, float] | None:
+        self._read_progress()
+        open_cells = [(i, t) for i, t in self.starts.items() if i not in self.recorded]
+        return max(open_cells, key=lambda x: x[1], default=None)
+
+    def _read_progress(self) -> None:
+        with open(self.plan.progress_path, encoding="utf-8") as f:
+            f.seek(self.progress_offset)
+            chunk = f.read()
+        complete = chunk[: chunk.rfind("\n") + 1]
+        self.progress_offset += len(complete.encode())
+        for line in complete.splitlines():
+            event = json.loads(line)
+            if event["event"] == "start":
+                self.starts[event["cell"]] = event["t"]
+
+    def new_records(self) -> list[dict[str, Any]]:
+        with open(self.out_path, "rb") as f:
+            f.seek(self.offset)
+            chunk = f.read()
+        complete = chunk[: chunk.rfind(b"\n") + 1]
+        self.offset += len(complete)
+        out = []
+        for line in complete.decode("utf-8").splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if rec.get("launch_id") == self.plan.launch_id:
+                self.recorded.add(rec["cell"])
+                out.append(rec)
+        return out
+
+
+def _accept(rec: dict[str, Any], records: list, opts: LaunchOptions) -> None:
+    records.append(rec)
+    if opts.on_record is not None:
+        opts.on_record(rec)
+
+
+def _outside_record(
+    cell: Cell,
+    scenarios: dict[str, Scenario],
+    opts: LaunchOptions,
+    status: str,
+    msg: str,
+    rank: int | None,
+    t0: float,
+    log_path: Path,
+) -> dict[str, Any]:
+    """A record written by the launcher for a cell its launch could not finish."""
+    scenario = scenarios.get(cell.scenario)
+    info = record.torch_info()
+    expect = (
+        scenario.expected(variant=cell.variant, torch_version=info["torch"], device=cell.device, world_size=cell.world_size)
+        if scenario is not None
+        else Expect(status="pass")
+    )
+    rec = record.base(cell, scenario, expect, cell.world_size, t0, run_id=opts.run_id, patches_module=opts.patches_module)
+    rec.update(status=status, exc_msg=msg, failing_rank=rank, log=str(log_path), cell=cell.index, launch_id="launcher")
+    rec["traceback"] = _tail(log_path, 60)
+    record.finish(rec, expect, t0)
+    record.append(opts.out_path, rec)
+    return rec
+
+
+_SIGNAL = re.compile(r"Signal (\d+) \((\w+)\) received by PID")
+_EXITCODE = re.compile(r"exitcode\s*:\s*(-?\d+)")
+_RANK = re.compile(r"rank\s*:\s*(\d+) \(local_rank")
+
+
+def _crash_cause(log_path: Path) -> tuple[str, str, int | None]:
+    """(exception type, first line, rank) from torchrun's failure summary or the last error."""
+    text = log_path.read_text(errors="replace") if log_path.exists() else ""
+    root = text[text.find("Root Cause") :] if "Root Cause" in text else text
+    rank_m = _RANK.search(root)
+    rank = int(rank_m.group(1)) if rank_m else None
+    sig = _SIGNAL.search(root)
+    if sig:
+        return "Signal", f"rank {rank} died: signal {sig.group(1)} ({sig.group(2)})", rank
+    errors = [ln for ln in text.splitlines() if re.search(r"\b\w+(Error|Exception)\b: ", ln)]
+    if errors:
+        line = re.sub(r"^(\[rank\d+\]:\s*)+", "", errors[-1]).strip()
+        return line.split(":", 1)[0], line[:500], rank
+    code = _EXITCODE.search(root)
+    if code:
+        return "ExitCode", f"rank {rank} exited with code {code.group(1)}", rank
+    return "LaunchError", "launch ended without a result (see log)", rank
+
+
+def _tail(path: Path, n: int) -> str:
+    if not path.exists():
+        return ""
+    return "\n".join(path.read_text(errors="replace").splitlines()[-n:])

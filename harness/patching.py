@@ -1,0 +1,123 @@
+"""The patches module under test: find it, map scenario patch names to its functions, install.
+
+Any module works if it has functions of this kind:
+
+* ``patch_fsdp_<name>()`` or ``patch_<name>()``: a process-global install, no arguments.
+  It may return an object with ``status`` ("installed", "already-installed",
+  "not-applicable") and ``reason``; returning ``None`` means installed; raising means
+  the install failed, recorded as ``patch install error: <first line>``.
+* ``<name>_`` or ``<name>``: a utility the recipe calls instead of torch's
+  (``clip_grad_norm`` -> ``clip_grad_norm_(params, max_norm, norm_type, foreach=...)``,
+  ``scale_grads`` -> ``scale_grads_(params, scaler)``).
+
+A mapping (``{"uniform_reduce_dtype": "my_widen_patch"}``) overrides the lookup.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+__all__ = [
+    "DEFAULT_MODULE",
+    "UTILITIES",
+    "InstallOutcome",
+    "install_patches",
+    "load_patches_module",
+    "resolve",
+]
+
+DEFAULT_MODULE = "fsdp_patches"
+#: Patch names that are utilities the recipe calls, not process-global installs.
+UTILITIES = ("clip_grad_norm", "scale_grads")
+
+
+@dataclass(kw_only=True, frozen=True)
+class InstallOutcome:
+    name: str
+    status: str  # installed | already-installed | not-applicable | error
+    reason: str = ""
+
+    def as_dict(self) -> dict[str, str]:
+        return {"status": self.status, "reason": self.reason}
+
+
+def load_patches_module(spec: str) -> ModuleType:
+    """Import ``spec``: a dotted module name or a path to a ``.py`` file.
+
+    Raises ``ValueError`` with one line naming the problem when it cannot be loaded.
+    """
+    if spec.endswith(".py") or "/" in spec:
+        path = Path(spec).resolve()
+        if not path.is_file():
+            raise ValueError(f"patches module file not found: {spec}")
+        name = f"_fsdp_compat_patches_{path.stem}"
+        if name in sys.modules:
+            return sys.modules[name]
+        loader_spec = importlib.util.spec_from_file_location(name, path)
+        assert loader_spec is not None and loader_spec.loader is not None
+        module = importlib.util.module_from_spec(loader_spec)
+        sys.modules[name] = module
+        try:
+            loader_spec.loader.exec_module(module)
+        except Exception as e:  # a broken module is the user's input, not our crash
+            del sys.modules[name]
+            raise ValueError(f"patches module {spec} failed to import: {_first_line(e)}") from e
+        return module
+    try:
+        return importlib.import_module(spec)
+    except ImportError as e:
+        raise ValueError(f"patches module {spec!r} cannot be imported: {_first_line(e)}") from e
+
+
+def resolve(module: ModuleType, name: str, mapping: Mapping[str, str] | None = None) -> Callable[..., object]:
+    """The function of ``module`` serving patch ``name``; ``LookupError`` if there is none."""
+    candidates = [mapping[name]] if mapping and name in mapping else _default_names(name)
+    for attr in candidates:
+        fn = getattr(module, attr, None)
+        if callable(fn):
+            return fn
+    raise LookupError(f"patch target missing: {module.__name__} has no {' or '.join(candidates)}")
+
+
+def _default_names(name: str) -> list[str]:
+    if name in UTILITIES:
+        return [f"{name}_", name]
+    return [f"patch_fsdp_{name}", f"patch_{name}"]
+
+
+def install_patches(
+    module: ModuleType, names: list[str], mapping: Mapping[str, str] | None = None
+) -> dict[str, InstallOutcome]:
+    """Install each named patch once, in order; never raises."""
+    outcomes: dict[str, InstallOutcome] = {}
+    for name in names:
+        if name in outcomes:
+            continue
+        try:
+            fn = resolve(module, name, mapping)
+        except LookupError as e:
+            outcomes[name] = InstallOutcome(name=name, status="error", reason=str(e))
+            continue
+        if name in UTILITIES:
+            outcomes[name] = InstallOutcome(name=name, status="installed", reason=f"uses {fn.__name__}")
+            continue
+        try:
+            result = fn()
+        except Exception as e:
+            outcomes[name] = InstallOutcome(name=name, status="error", reason=f"patch install error: {_first_line(e)}")
+            continue
+        status = getattr(result, "status", None) or "installed"
+        reason = getattr(result, "reason", "") or ""
+        outcomes[name] = InstallOutcome(name=name, status=str(status), reason=str(reason))
+    return outcomes
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}".rstrip(": ")

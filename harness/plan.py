@@ -1,0 +1,140 @@
+"""Cells and launches: what to run, and how cells are grouped so one torchrun runs many.
+
+A cell is (scenario, variant, device, backend, world size). Cells that can share a
+process are grouped into one launch: same device, world size and variant, and for
+patched cells the same set of patches (patches are process-global and cannot be undone).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from harness.spec import DEVICES, VARIANTS, Scenario
+
+__all__ = ["Cell", "LaunchPlan", "all_patch_names", "group_into_launches", "plan_cells"]
+
+
+@dataclass(kw_only=True)
+class Cell:
+    index: int
+    scenario: str
+    variant: str
+    device: str
+    backend: str
+    world_size: int
+    timeout_s: float
+    patches: tuple[str, ...] = ()
+
+    @property
+    def label(self) -> str:
+        return f"{self.scenario}[{self.variant},{self.device},w{self.world_size}]"
+
+
+@dataclass(kw_only=True)
+class LaunchPlan:
+    """What one torchrun launch runs; written as JSON for the worker."""
+
+    run_id: str
+    launch_id: str
+    device: str
+    world_size: int
+    variant: str
+    patches: list[str]
+    patches_module: str
+    patch_mapping: dict[str, str]
+    out_path: str
+    progress_path: str
+    scenario_dirs: list[str] = field(default_factory=list)
+    cells: list[Cell] = field(default_factory=list)
+
+    def dump(self, path: Path) -> None:
+        path.write_text(json.dumps(asdict(self), indent=1))
+
+    @classmethod
+    def load(cls, path: str) -> LaunchPlan:
+        data = json.loads(Path(path).read_text())
+        data["cells"] = [Cell(**{**c, "patches": tuple(c["patches"])}) for c in data["cells"]]
+        return cls(**data)
+
+
+def plan_cells(
+    scenarios: list[Scenario],
+    *,
+    world_sizes: list[int] | None,
+    devices: list[str],
+    variants: list[str],
+    explicit_scenarios: bool,
+    timeout_s: float | None = None,
+    baseline_patches: tuple[str, ...] = (),
+) -> list[Cell]:
+    """Every supported (scenario, variant, device, world size) combination, in order.
+
+    A patched cell installs the scenario's own patches; a scenario that names none (a
+    baseline) runs patched with ``baseline_patches`` (all of them), which shows whether
+    the patches leave ordinary training alone.
+
+    A world size or device asked for by name for a scenario asked for by name that the
+    scenario does not support is a ``ValueError``; without named scenarios such
+    combinations are left out.
+    """
+    for d in devices:
+        if d not in DEVICES:
+            raise ValueError(f"unknown device {d!r} (choose from {', '.join(DEVICES)})")
+    for v in variants:
+        if v not in VARIANTS:
+            raise ValueError(f"unknown variant {v!r} (choose from {', '.join(VARIANTS)})")
+    for ws in world_sizes or []:
+        if ws < 1:
+            raise ValueError(f"world size must be a positive integer, got {ws}")
+    cells: list[Cell] = []
+    for s in scenarios:
+        sizes = list(world_sizes) if world_sizes else list(s.world_sizes)
+        for ws in sizes:
+            if ws not in s.world_sizes:
+                if explicit_scenarios and world_sizes:
+                    raise ValueError(
+                        f"scenario {s.name!r} does not support world size {ws} (supports {_join(s.world_sizes)})"
+                    )
+                continue
+            for d in devices:
+                if d not in s.devices:
+                    if explicit_scenarios:
+                        raise ValueError(f"scenario {s.name!r} does not support device {d!r}")
+                    continue
+                for v in variants:
+                    cells.append(
+                        Cell(
+                            index=len(cells),
+                            scenario=s.name,
+                            variant=v,
+                            device=d,
+                            backend=s.backend_for(d),
+                            world_size=ws,
+                            timeout_s=timeout_s or s.timeout_s,
+                            patches=(tuple(s.patches) or baseline_patches) if v == "patched" else (),
+                        )
+                    )
+    return cells
+
+
+def all_patch_names(scenarios: list[Scenario]) -> tuple[str, ...]:
+    """Every patch any scenario names, in first-mention order (install order matters)."""
+    names: dict[str, None] = {}
+    for s in scenarios:
+        names.update(dict.fromkeys(s.patches))
+    return tuple(names)
+
+
+def group_into_launches(cells: list[Cell]) -> list[list[Cell]]:
+    """Cells that can share one torchrun launch, in first-appearance order."""
+    groups: dict[tuple, list[Cell]] = {}
+    for c in cells:
+        key = (c.device, c.world_size, c.variant, tuple(c.patches) if c.variant == "patched" else ())
+        groups.setdefault(key, []).append(c)
+    return list(groups.values())
+
+
+def _join(items) -> str:
+    return ", ".join(str(i) for i in items)

@@ -1,0 +1,70 @@
+"""Find the scenarios: every module in ``scenarios/`` (and any extra folder) that defines
+``SCENARIO`` (one) or ``SCENARIOS`` (several)."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import pkgutil
+import sys
+from pathlib import Path
+
+from harness.spec import Scenario
+
+__all__ = ["load_scenarios", "select"]
+
+
+def load_scenarios(extra_dirs: list[str] | None = None) -> dict[str, Scenario]:
+    """All scenarios by name, in file order. Duplicate names are an error."""
+    import scenarios as package
+
+    found: dict[str, Scenario] = {}
+    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
+        if info.name.startswith("_"):
+            continue
+        _collect(importlib.import_module(f"scenarios.{info.name}"), found)
+    for folder in extra_dirs or []:
+        path = Path(folder)
+        if not path.is_dir():
+            raise ValueError(f"scenario folder not found: {folder}")
+        for file in sorted(path.glob("*.py")):
+            if file.name.startswith("_"):
+                continue
+            _collect(_import_file(file), found)
+    return found
+
+
+def _import_file(file: Path):
+    name = f"_fsdp_compat_user_scenarios.{file.stem}"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, file)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _collect(module, found: dict[str, Scenario]) -> None:
+    items = list(getattr(module, "SCENARIOS", []))
+    if hasattr(module, "SCENARIO"):
+        items.insert(0, module.SCENARIO)
+    for s in items:
+        if not isinstance(s, Scenario):
+            raise TypeError(f"{module.__name__}: SCENARIO(S) must hold Scenario objects, got {type(s).__name__}")
+        if s.name in found:
+            raise ValueError(f"duplicate scenario name {s.name!r} in {module.__name__}")
+        found[s.name] = s
+
+
+def select(all_scenarios: dict[str, Scenario], names: list[str] | None) -> list[Scenario]:
+    """The named scenarios (``ValueError`` naming an unknown one), or all of them."""
+    if not names:
+        return list(all_scenarios.values())
+    chosen = []
+    for n in names:
+        if n not in all_scenarios:
+            raise ValueError(f"unknown scenario {n!r} (see `python -m harness list`)")
+        chosen.append(all_scenarios[n])
+    return chosen

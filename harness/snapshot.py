@@ -1,0 +1,29 @@
+"""What one optimizer step left behind, in the same shape for FSDP2 and the reference."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+__all__ = ["StepSnapshot"]
+
+
+@dataclass(kw_only=True)
+class StepSnapshot:
+    """Full (unsharded) tensors on CPU, keyed by parameter name.
+
+    ``grads``: after accumulation (and grad scaling), before clipping; ``None`` where the
+    parameter has no grad. ``inconsistent``: names whose grad presence differed across
+    ranks (FSDP2 side only), with the ranks that had a grad. ``clipped``: after clipping
+    (empty without clipping). ``params``: after ``optimizer.step()``. ``opt_state``:
+    whether the optimizer holds state for the parameter.
+    """
+
+    step: int
+    grads: dict[str, torch.Tensor | None] = field(default_factory=dict)
+    inconsistent: dict[str, list[int]] = field(default_factory=dict)
+    grad_norm: float | None = None
+    clipped: dict[str, torch.Tensor | None] = field(default_factory=dict)
+    params: dict[str, torch.Tensor] = field(default_factory=dict)
+    opt_state: dict[str, bool] = field(default_factory=dict)

@@ -1,0 +1,260 @@
+"""The per-rank program that torchrun starts: runs many cells in one launch.
+
+Each cell gets a fresh default process group (``PrefixStore`` over torchrun's store), a
+fresh model and fresh optimizer; ranks agree on the end of a cell through the store, not
+through the process group, so a cell that broke its group cannot break the next one.
+A rank that fails destroys its group at once, so peers blocked in a collective fail fast
+("Connection closed by peer") instead of waiting for the timeout.
+
+Rank 0 judges the cell (reference + comparison) and appends its record before the next
+cell starts. If some rank never reports, rank 0 records the cell as a hang and the launch
+ends with exit code 3; the launcher relaunches for the remaining cells.
+
+Usage (by the launcher): ``torchrun ... -m harness.worker --plan PLAN.json``
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from harness import compare, record
+from harness.patching import UTILITIES, install_patches, load_patches_module, resolve
+from harness.plan import Cell, LaunchPlan
+from harness.reference import run_reference
+from harness.registry import load_scenarios
+from harness.snapshot import StepSnapshot
+from harness.spec import Ctx, Expect, Scenario
+
+__all__ = ["main"]
+
+EXIT_POISONED = 3
+_COMM_FAILURE_MARKERS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+_TIMEOUT_MARKERS = ("timed out", "Timed out", "timeout after", "Timeout")
+
+
+@dataclass(kw_only=True)
+class RankOutcome:
+    rank: int
+    ok: bool
+    exc_type: str | None = None
+    exc_msg: str | None = None
+    traceback: str | None = None
+    t_fail: float | None = None
+
+    @property
+    def comm_failure(self) -> bool:
+        text = self.exc_msg or ""
+        return any(m in text for m in _COMM_FAILURE_MARKERS)
+
+    @property
+    def timed_out(self) -> bool:
+        text = self.exc_msg or ""
+        return any(m in text for m in _TIMEOUT_MARKERS)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="harness.worker")
+    parser.add_argument("--plan", required=True)
+    args = parser.parse_args(argv)
+    plan = LaunchPlan.load(args.plan)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if plan.device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    store = _connect_store(world)
+    scenarios = load_scenarios(plan.scenario_dirs)
+    installs, utilities = _install(plan)
+    for cell in plan.cells:
+        if not _run_cell(cell, plan, scenarios[cell.scenario], installs, utilities, store, rank, world):
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(EXIT_POISONED)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # avoids the frequent abort at interpreter exit after destroy_process_group()
+
+
+def _connect_store(world: int) -> dist.Store:
+    """A client of the store torchrun's agent hosts (or rank 0 hosts one without an agent)."""
+    use_agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+    return dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        world,
+        is_master=(not use_agent and int(os.environ["RANK"]) == 0),
+        timeout=datetime.timedelta(seconds=120),
+        wait_for_workers=False,
+    )
+
+
+def _install(plan: LaunchPlan) -> tuple[dict[str, dict[str, str]], dict[str, Any]]:
+    """Install the launch's patches once (process-global); never raises."""
+    if plan.variant != "patched" or not plan.patches:
+        return {}, {}
+    try:
+        module = load_patches_module(plan.patches_module)
+    except ValueError as e:
+        return {n: {"status": "error", "reason": f"patch install error: {e}"} for n in plan.patches}, {}
+    outcomes = install_patches(module, plan.patches, plan.patch_mapping)
+    utilities = {
+        n: resolve(module, n, plan.patch_mapping)
+        for n in plan.patches
+        if n in UTILITIES and outcomes[n].status != "error"
+    }
+    return {n: o.as_dict() for n, o in outcomes.items()}, utilities
+
+
+# -- one cell ---------------------------------------------------------------------------
+
+
+def _run_cell(
+    cell: Cell,
+    plan: LaunchPlan,
+    scenario: Scenario,
+    installs: dict[str, dict[str, str]],
+    utilities: dict[str, Any],
+    store: dist.Store,
+    rank: int,
+    world: int,
+) -> bool:
+    """Run one cell on this rank; returns False when the launch must end."""
+    prefix = f"{plan.launch_id}/{cell.index}"
+    t0 = time.time()
+    if rank == 0:
+        record.mark_progress(plan.progress_path, cell.index, "start")
+    expect = scenario.expected(
+        variant=cell.variant, torch_version=torch.__version__, device=cell.device, world_size=world
+    )
+    cell_installs = {n: installs[n] for n in scenario.patches if n in installs}
+    skip = _skip_reason(cell, scenario, world)
+    install_error = next((v["reason"] for v in cell_installs.values() if v["status"] == "error"), None)
+    observed: list[StepSnapshot] | None = None
+    outcome = RankOutcome(rank=rank, ok=True)
+    if skip is None and install_error is None:
+        observed, outcome = _train_guarded(cell, scenario, utilities, store, prefix, rank, world)
+    store.set(f"{prefix}/status/{rank}", json.dumps(outcome.__dict__))
+    if rank != 0:
+        return _wait(store, [f"{prefix}/recorded"], cell.timeout_s + 60)
+    outcomes, missing = _collect_outcomes(store, prefix, world, cell.timeout_s)
+    rec = record.base(cell, scenario, expect, world, t0, run_id=plan.run_id, patches_module=plan.patches_module)
+    rec.update(patch_install=cell_installs, cell=cell.index, launch_id=plan.launch_id)
+    if skip is not None:
+        rec.update(status="skip", reason=skip)
+    elif install_error is not None:
+        rec.update(status="error", exc_type="PatchInstallError", exc_msg=install_error)
+    elif missing:
+        rec.update(
+            status="hang",
+            exc_msg=f"rank(s) {missing} did not finish the cell within {cell.timeout_s:g} s",
+            failing_rank=missing[0],
+        )
+    elif all(o.ok for o in outcomes):
+        assert observed is not None
+        try:
+            _judge(rec, scenario, observed, world)
+        except Exception as e:  # a broken reference must not lose the cell
+            rec.update(status="error", exc_type=type(e).__name__, exc_msg=f"reference/compare failed: {e}"[:500],
+                       traceback=traceback.format_exc()[-8000:])
+    else:
+        _blame(rec, outcomes)
+    record.finish(rec, expect, t0)
+    record.append(plan.out_path, rec)
+    store.set(f"{prefix}/recorded", "1")
+    return not missing
+
+
+def _skip_reason(cell: Cell, scenario: Scenario, world: int) -> str | None:
+    if cell.device == "cuda" and torch.cuda.device_count() < int(os.environ.get("LOCAL_WORLD_SIZE", world)):
+        return f"needs {world} GPUs, {torch.cuda.device_count()} visible"
+    if scenario.sharding.reduce_scatter_unused_params and cell.variant == "vanilla":
+        from torch.distributed.fsdp import FSDPModule
+
+        if not hasattr(FSDPModule, "set_reduce_scatter_unused_params"):
+            return "recipe needs FSDPModule.set_reduce_scatter_unused_params, absent in this torch"
+    return None
+
+
+def _train_guarded(
+    cell: Cell, scenario: Scenario, utilities: dict[str, Any], store: dist.Store, prefix: str, rank: int, world: int
+) -> tuple[list[StepSnapshot] | None, RankOutcome]:
+    from harness import fsdp_run
+
+    dist.init_process_group(
+        backend=cell.backend,
+        store=dist.PrefixStore(f"{prefix}/pg", store),
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=cell.timeout_s),
+    )
+    try:
+        observed = fsdp_run.train(scenario, cell, utilities, rank, world)
+        return observed, RankOutcome(rank=rank, ok=True)
+    except Exception as e:
+        lines = str(e).strip().splitlines()
+        return None, RankOutcome(
+            rank=rank,
+            ok=False,
+            exc_type=type(e).__name__,
+            exc_msg=lines[0][:500] if lines else "",
+            traceback=traceback.format_exc()[-8000:],
+            t_fail=time.time(),
+        )
+    finally:
+        # On failure this closes our connections so peers blocked in a collective fail fast.
+        dist.destroy_process_group()
+
+
+def _collect_outcomes(store: dist.Store, prefix: str, world: int, timeout_s: float) -> tuple[list[RankOutcome], list[int]]:
+    keys = [f"{prefix}/status/{r}" for r in range(world)]
+    deadline = time.time() + timeout_s + 10
+    outcomes: list[RankOutcome] = []
+    missing: list[int] = []
+    for r, key in enumerate(keys):
+        if not _wait(store, [key], max(1.0, deadline - time.time())):
+            missing.append(r)
+            continue
+        outcomes.append(RankOutcome(**json.loads(store.get(key))))
+    return outcomes, missing
+
+
+def _wait(store: dist.Store, keys: list[str], timeout_s: float) -> bool:
+    try:
+        store.wait(keys, datetime.timedelta(seconds=timeout_s))
+        return True
+    except Exception:
+        return False
+
+
+def _blame(rec: dict[str, Any], outcomes: list[RankOutcome]) -> None:
+    """Pick the root-cause failure: a rank's own error beats a peer's connection loss."""
+    failed = [o for o in outcomes if not o.ok]
+    primary = sorted(failed, key=lambda o: (o.comm_failure, o.timed_out, o.t_fail or 0.0, o.rank))[0]
+    rec.update(
+        status="hang" if primary.timed_out else "error",
+        exc_type=primary.exc_type,
+        exc_msg=primary.exc_msg,
+        failing_rank=primary.rank,
+        traceback=primary.traceback,
+        failed_ranks=[o.rank for o in failed],
+    )
+
+
+def _judge(rec: dict[str, Any], scenario: Scenario, observed: list[StepSnapshot], world: int) -> None:
+    reference = run_reference(scenario, world)
+    result = compare.compare_runs(observed, reference, compare.tolerance_for(scenario))
+    rec.update(result.as_record_fields())
+    rec["status"] = "pass" if result.ok else "mismatch"
+
+
+if __name__ == "__main__":
+    main()

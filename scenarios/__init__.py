@@ -1,0 +1,1 @@
+"""The scenario library: one file per scenario (see README "Adding a scenario")."""
