@@ -42,6 +42,8 @@ class LaunchOptions:
     patches_module: str = "fsdp_patches"
     patch_mapping: dict[str, str] = field(default_factory=dict)
     scenario_dirs: list[str] = field(default_factory=list)
+    #: save each passing-or-mismatching cell's observed tensors here (``torch.save``)
+    dump_dir: Path | None = None
     python: str = sys.executable
     #: extra torchrun arguments replacing ``--standalone`` (multi-node: --nnodes, --node-rank, --rdzv-endpoint ...)
     rdzv_args: list[str] = field(default_factory=list)
@@ -83,6 +85,7 @@ def _launch(
         out_path=str(opts.out_path.resolve()),
         progress_path=str((opts.log_dir / f"{launch_id}.progress").resolve()),
         scenario_dirs=[str(Path(d).resolve()) for d in opts.scenario_dirs],
+        dump_dir=str(opts.dump_dir.resolve()) if opts.dump_dir else None,
         cells=cells,
     )
     plan_path = opts.log_dir / f"{launch_id}.json"
@@ -267,7 +270,9 @@ def _crash_cause(log_path: Path) -> tuple[str, str, int | None]:
     sig = _SIGNAL.search(root)
     if sig:
         return "Signal", f"rank {rank} died: signal {sig.group(1)} ({sig.group(2)})", rank
-    errors = [ln for ln in text.splitlines() if re.search(r"\b\w+(Error|Exception)\b: ", ln)]
+    errors = [
+        ln for ln in text.splitlines() if re.search(r"\b\w+(Error|Exception)\b: ", ln) and "ChildFailedError" not in ln
+    ]
     if errors:
         line = re.sub(r"^(\[rank\d+\]:\s*)+", "", errors[-1]).strip()
         return line.split(":", 1)[0], line[:500], rank

@@ -47,6 +47,7 @@ class LaunchPlan:
     out_path: str
     progress_path: str
     scenario_dirs: list[str] = field(default_factory=list)
+    dump_dir: str | None = None
     cells: list[Cell] = field(default_factory=list)
 
     def dump(self, path: Path) -> None:

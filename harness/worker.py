@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import json
 import os
 import sys
@@ -39,6 +40,8 @@ from harness.spec import Ctx, Expect, Scenario
 __all__ = ["main"]
 
 EXIT_POISONED = 3
+#: how long a failed rank waits for its peers to report before it leaves the launch
+_PEER_GRACE_S = 1.0
 _COMM_FAILURE_MARKERS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
 _TIMEOUT_MARKERS = ("timed out", "Timed out", "timeout after", "Timeout")
 
@@ -76,12 +79,8 @@ def main(argv: list[str] | None = None) -> None:
     installs, utilities = _install(plan)
     for cell in plan.cells:
         if not _run_cell(cell, plan, scenarios[cell.scenario], installs, utilities, store, rank, world):
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(EXIT_POISONED)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # avoids the frequent abort at interpreter exit after destroy_process_group()
+            _exit(EXIT_POISONED)
+    _exit(0)  # avoids the frequent abort at interpreter exit after destroy_process_group()
 
 
 def _connect_store(world: int) -> dist.Store:
@@ -143,9 +142,23 @@ def _run_cell(
     if skip is None and install_error is None:
         observed, outcome = _train_guarded(cell, scenario, utilities, store, prefix, rank, world)
     store.set(f"{prefix}/status/{rank}", json.dumps(outcome.__dict__))
+    abandon = not outcome.ok and not _all_reported(store, prefix, world, _PEER_GRACE_S)
+    if abandon:
+        # Some peer is still blocked in a collective waiting for this rank, and gloo does
+        # not close a failed group's sockets; leaving the process does, so the peer fails
+        # at once instead of at the timeout. The launch then ends and the launcher
+        # relaunches for the remaining cells.
+        store.set(f"{prefix}/abandoned", str(rank))
+        if rank != 0:
+            _exit(0)
     if rank != 0:
-        return _wait(store, [f"{prefix}/recorded"], cell.timeout_s + 60)
-    outcomes, missing = _collect_outcomes(store, prefix, world, cell.timeout_s)
+        recorded = _wait(store, [f"{prefix}/recorded"], cell.timeout_s + 60)
+        return recorded and not store.check([f"{prefix}/abandoned"])
+    if abandon:
+        outcomes, missing = [outcome], []
+    else:
+        # bounded by the cell's own deadline, so a hung peer is reported within the timeout
+        outcomes, missing = _collect_outcomes(store, prefix, world, max(1.0, t0 + cell.timeout_s - time.time()))
     rec = record.base(cell, scenario, expect, world, t0, run_id=plan.run_id, patches_module=plan.patches_module)
     rec.update(patch_install=cell_installs, cell=cell.index, launch_id=plan.launch_id)
     if skip is not None:
@@ -160,6 +173,8 @@ def _run_cell(
         )
     elif all(o.ok for o in outcomes):
         assert observed is not None
+        if plan.dump_dir:
+            _dump(plan.dump_dir, cell, observed)
         try:
             _judge(rec, scenario, observed, world)
         except Exception as e:  # a broken reference must not lose the cell
@@ -170,7 +185,23 @@ def _run_cell(
     record.finish(rec, expect, t0)
     record.append(plan.out_path, rec)
     store.set(f"{prefix}/recorded", "1")
-    return not missing
+    return not missing and not store.check([f"{prefix}/abandoned"])
+
+
+def _all_reported(store: dist.Store, prefix: str, world: int, wait_s: float) -> bool:
+    keys = [f"{prefix}/status/{r}" for r in range(world)]
+    deadline = time.time() + wait_s
+    while not store.check(keys):
+        if time.time() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def _exit(code: int) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _skip_reason(cell: Cell, scenario: Scenario, world: int) -> str | None:
@@ -196,12 +227,12 @@ def _train_guarded(
         world_size=world,
         timeout=datetime.timedelta(seconds=cell.timeout_s),
     )
+    failure: RankOutcome | None = None
     try:
         observed = fsdp_run.train(scenario, cell, utilities, rank, world)
-        return observed, RankOutcome(rank=rank, ok=True)
     except Exception as e:
         lines = str(e).strip().splitlines()
-        return None, RankOutcome(
+        failure = RankOutcome(
             rank=rank,
             ok=False,
             exc_type=type(e).__name__,
@@ -209,14 +240,28 @@ def _train_guarded(
             traceback=traceback.format_exc()[-8000:],
             t_fail=time.time(),
         )
-    finally:
-        # On failure this closes our connections so peers blocked in a collective fail fast.
+    if failure is not None:
+        _abort_groups()
+    if dist.is_initialized():
         dist.destroy_process_group()
+    return (None, failure) if failure is not None else (observed, RankOutcome(rank=rank, ok=True))
+
+
+def _abort_groups() -> None:
+    """Close this rank's connections so peers blocked in a collective fail at once."""
+    abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
+    if abort is not None:
+        try:
+            abort()
+            return
+        except Exception:
+            pass
+    gc.collect()  # fallback: drop the failed frames so the groups' last references go
 
 
 def _collect_outcomes(store: dist.Store, prefix: str, world: int, timeout_s: float) -> tuple[list[RankOutcome], list[int]]:
     keys = [f"{prefix}/status/{r}" for r in range(world)]
-    deadline = time.time() + timeout_s + 10
+    deadline = time.time() + timeout_s
     outcomes: list[RankOutcome] = []
     missing: list[int] = []
     for r, key in enumerate(keys):
@@ -246,6 +291,7 @@ def _blame(rec: dict[str, Any], outcomes: list[RankOutcome]) -> None:
         failing_rank=primary.rank,
         traceback=primary.traceback,
         failed_ranks=[o.rank for o in failed],
+        rank_errors={o.rank: f"{o.exc_type}: {o.exc_msg}" for o in failed},
     )
 
 
@@ -254,6 +300,13 @@ def _judge(rec: dict[str, Any], scenario: Scenario, observed: list[StepSnapshot]
     result = compare.compare_runs(observed, reference, compare.tolerance_for(scenario))
     rec.update(result.as_record_fields())
     rec["status"] = "pass" if result.ok else "mismatch"
+
+
+def _dump(folder: str, cell: Cell, observed: list[StepSnapshot]) -> None:
+    """Save the observed snapshots (for determinism checks and local reproduction)."""
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"{cell.scenario}-{cell.variant}-{cell.device}-w{cell.world_size}.pt")
+    torch.save([s.__dict__ for s in observed], path)
 
 
 if __name__ == "__main__":
