@@ -1,0 +1,7 @@
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURE_SCENARIOS = ROOT / "tests" / "fixtures" / "scenarios"
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))

@@ -1,0 +1,41 @@
+"""The launcher classifies a hanging and an aborting cell and still runs the cells after them."""
+
+import time
+
+import pytest
+
+from harness.launch import LaunchOptions, run_cells
+from harness.plan import plan_cells
+from harness.registry import load_scenarios
+from tests.conftest import FIXTURE_SCENARIOS
+
+pytestmark = pytest.mark.slow
+
+
+def test_hang_abort_and_error_are_classified_and_later_cells_run(tmp_path):
+    scenarios = load_scenarios([str(FIXTURE_SCENARIOS)])
+    chosen = [scenarios[n] for n in ["fault_hang", "fault_abort", "fault_raise", "fault_after"]]
+    cells = plan_cells(chosen, world_sizes=None, devices=["cpu"], variants=["vanilla"], explicit_scenarios=True)
+    assert len({c.world_size for c in cells}) == 1  # one launch group: faults must not stop the rest
+    opts = LaunchOptions(run_id="t", out_path=tmp_path / "r.jsonl", log_dir=tmp_path / "logs",
+                         scenario_dirs=[str(FIXTURE_SCENARIOS)])
+    t0 = time.time()
+    records = run_cells(cells, scenarios, opts)
+    wall = time.time() - t0
+    by_name = {r["scenario"]: r for r in records}
+    assert [r["scenario"] for r in records] == ["fault_hang", "fault_abort", "fault_raise", "fault_after"]
+    timeout = cells[0].timeout_s
+    hang = by_name["fault_hang"]
+    assert hang["status"] == "hang" and hang["as_expected"]
+    assert hang["duration_s"] <= timeout + 10
+    crash = by_name["fault_abort"]
+    assert crash["status"] == "crash" and "SIGABRT" in crash["exc_msg"] and crash["failing_rank"] == 1
+    assert crash["duration_s"] <= timeout + 10
+    error = by_name["fault_raise"]
+    assert error["status"] == "error" and error["failing_rank"] == 1 and "planted failure" in error["exc_msg"]
+    assert error["duration_s"] <= timeout  # the blocked peer fails fast, not at the timeout
+    assert by_name["fault_after"]["status"] == "pass"
+    # every record reached the file, in order
+    lines = (tmp_path / "r.jsonl").read_text().splitlines()
+    assert len(lines) == 4
+    assert wall < 4 * timeout + 60

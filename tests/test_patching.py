@@ -1,0 +1,48 @@
+import textwrap
+
+import pytest
+
+from harness.patching import install_patches, load_patches_module, resolve
+
+
+@pytest.fixture
+def module(tmp_path):
+    path = tmp_path / "third_party_patches.py"
+    path.write_text(textwrap.dedent('''
+        from types import SimpleNamespace
+        CALLS = []
+        def patch_fsdp_good():
+            CALLS.append("good")
+        def patch_fine():
+            return SimpleNamespace(status="not-applicable", reason="fixed upstream")
+        def patch_fsdp_explodes():
+            raise RuntimeError("cannot find FSDPParamGroup.post_backward\\nmore")
+        def clip_grad_norm_(params, max_norm, norm_type=2.0, foreach=None):
+            return 0.0
+    '''))
+    return load_patches_module(str(path))
+
+
+def test_outcomes_installed_not_applicable_error_missing(module):
+    out = install_patches(module, ["good", "fine", "explodes", "absent", "clip_grad_norm"])
+    assert out["good"].status == "installed" and module.CALLS == ["good"]
+    assert (out["fine"].status, out["fine"].reason) == ("not-applicable", "fixed upstream")
+    assert out["explodes"].status == "error"
+    assert out["explodes"].reason == "patch install error: RuntimeError: cannot find FSDPParamGroup.post_backward"
+    assert out["absent"].status == "error" and "patch target missing" in out["absent"].reason
+    assert out["clip_grad_norm"].status == "installed"
+
+
+def test_mapping_overrides_lookup(module):
+    assert resolve(module, "whatever", {"whatever": "patch_fine"}) is module.patch_fine
+
+
+def test_bad_module_specs_give_one_line(tmp_path):
+    with pytest.raises(ValueError, match="cannot be imported"):
+        load_patches_module("no_such_patches_module")
+    with pytest.raises(ValueError, match="not found"):
+        load_patches_module(str(tmp_path / "missing.py"))
+    broken = tmp_path / "broken.py"
+    broken.write_text("raise ImportError('needs torch 3')\n")
+    with pytest.raises(ValueError, match="failed to import: ImportError: needs torch 3"):
+        load_patches_module(str(broken))

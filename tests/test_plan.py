@@ -1,0 +1,52 @@
+import pytest
+
+from harness.plan import LaunchPlan, all_patch_names, group_into_launches, plan_cells
+from harness.spec import Scenario
+from scenarios._models import MLP, randn_batch
+
+
+def _s(name, **kw):
+    return Scenario(name=name, summary="", model=MLP, batch=randn_batch(), **kw)
+
+
+A = _s("a", world_sizes=(1, 2), patches=("p1",))
+B = _s("b", world_sizes=(2, 4))
+
+
+def test_plan_filters_unsupported_sizes_without_named_scenarios():
+    cells = plan_cells([A, B], world_sizes=[2, 4], devices=["cpu"], variants=["vanilla"], explicit_scenarios=False)
+    assert [(c.scenario, c.world_size) for c in cells] == [("a", 2), ("b", 2), ("b", 4)]
+
+
+def test_plan_rejects_unsupported_size_for_named_scenario():
+    with pytest.raises(ValueError, match="does not support world size 4"):
+        plan_cells([A], world_sizes=[4], devices=["cpu"], variants=["vanilla"], explicit_scenarios=True)
+
+
+@pytest.mark.parametrize("kw,msg", [({"devices": ["tpu"]}, "unknown device"), ({"variants": ["both"]}, "unknown variant")])
+def test_plan_rejects_bad_device_and_variant(kw, msg):
+    args = dict(world_sizes=None, devices=["cpu"], variants=["vanilla"], explicit_scenarios=False) | kw
+    with pytest.raises(ValueError, match=msg):
+        plan_cells([A], **args)
+
+
+def test_patched_baseline_cells_get_every_patch_and_grouping():
+    cells = plan_cells(
+        [A, B], world_sizes=None, devices=["cpu"], variants=["vanilla", "patched"],
+        explicit_scenarios=False, baseline_patches=all_patch_names([A, B]),
+    )
+    patched_b = [c for c in cells if c.scenario == "b" and c.variant == "patched"]
+    assert all(c.patches == ("p1",) for c in patched_b)
+    groups = group_into_launches(cells)
+    for g in groups:
+        assert len({(c.device, c.world_size, c.variant, c.patches) for c in g}) == 1
+    # a, b at world size 2 share one vanilla launch
+    assert any({c.scenario for c in g} == {"a", "b"} and g[0].variant == "vanilla" for g in groups)
+
+
+def test_launch_plan_roundtrip(tmp_path):
+    cells = plan_cells([A], world_sizes=None, devices=["cpu"], variants=["patched"], explicit_scenarios=False)
+    plan = LaunchPlan(run_id="r", launch_id="l", device="cpu", world_size=1, variant="patched", patches=["p1"],
+                      patches_module="m", patch_mapping={}, out_path="o", progress_path="p", cells=cells)
+    plan.dump(tmp_path / "p.json")
+    assert LaunchPlan.load(str(tmp_path / "p.json")) == plan

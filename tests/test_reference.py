@@ -1,0 +1,86 @@
+import subprocess
+import sys
+import textwrap
+
+import torch
+from torch import nn
+
+from harness.reference import run_reference
+from harness.spec import Ctx, MicroBatch, Optim, Scenario, accumulate
+from tests.conftest import ROOT
+
+
+def _linear():
+    return nn.Linear(3, 1, bias=False)
+
+
+def _dot_loss(model, batch, ctx):
+    return model(batch).sum()
+
+
+def test_grad_is_sum_over_micro_batches_of_mean_over_ranks():
+    s = Scenario(name="lin", summary="", model=_linear, batch=lambda ctx: torch.randn(2, 3), forward=_dot_loss,
+                 schedule=accumulate(2), steps=1, optimizer=Optim(lr=0.0, weight_decay=0.0))
+    world = 3
+    snap = run_reference(s, world)[0]
+    expected = torch.zeros(1, 3)
+    for mb in range(2):
+        for r in range(world):
+            ctx = Ctx(rank=r, world_size=world, step=0, micro_batch=mb)
+            torch.manual_seed(s.batch_seed(ctx))
+            expected += s.batch(ctx).sum(0, keepdim=True) / world
+    torch.testing.assert_close(snap.grads["weight"], expected)
+
+
+class _TwoBranch(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.used = nn.Linear(3, 3)
+        self.unused = nn.Linear(3, 3)
+
+    def forward(self, x):
+        return self.used(x)
+
+
+def test_unused_params_none_or_zero_as_declared_and_adamw_skips_none():
+    kw = dict(name="u", summary="", model=_TwoBranch, batch=lambda ctx: torch.randn(2, 3))
+    none = run_reference(Scenario(**kw), 2)
+    zero = run_reference(Scenario(**kw, unused_grads="zero"), 2)
+    assert none[0].grads["unused.weight"] is None and not none[0].opt_state["unused.weight"]
+    torch.manual_seed(0)
+    initial = _TwoBranch().unused.weight.detach()
+    torch.testing.assert_close(none[1].params["unused.weight"], initial, rtol=0, atol=0)
+    assert torch.count_nonzero(zero[0].grads["unused.weight"]) == 0 and zero[0].opt_state["unused.weight"]
+    assert not torch.equal(zero[1].params["unused.weight"], initial)  # weight decay moved it
+
+
+def test_rank_dependent_forward_sees_every_rank():
+    def forward(model, batch, ctx):
+        return model(batch).sum() * (ctx.rank + 1)
+
+    s = Scenario(name="r", summary="", model=_linear, batch=lambda ctx: torch.ones(1, 3), forward=forward, steps=1)
+    # ranks weigh 1 and 2: mean = 1.5 * ones
+    torch.testing.assert_close(run_reference(s, 2)[0].grads["weight"], torch.full((1, 3), 1.5))
+
+
+def test_reference_never_touches_torch_distributed():
+    script = textwrap.dedent('''
+        import torch.distributed as dist
+        def forbidden(*a, **k):
+            raise AssertionError("the reference called torch.distributed")
+        for name in ["init_process_group", "new_group", "all_reduce", "all_gather", "all_gather_into_tensor",
+                     "reduce_scatter_tensor", "broadcast", "barrier", "all_gather_object"]:
+            setattr(dist, name, forbidden)
+        from harness.reference import run_reference
+        from harness.registry import load_scenarios
+        n = 0
+        for s in load_scenarios().values():
+            for ws in s.world_sizes:
+                run_reference(s, ws)
+                n += 1
+        assert not dist.is_initialized()
+        print("ran", n)
+    ''')
+    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout.split()[-1]) >= 10

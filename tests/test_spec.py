@@ -1,0 +1,60 @@
+import pytest
+import torch
+
+from harness.spec import Ctx, Expect, MicroBatch, Scenario, Sharding, accumulate, torch_release
+from scenarios._models import MLP, randn_batch
+
+
+def _scenario(**kw):
+    return Scenario(name="s", summary="", model=MLP, batch=randn_batch(), **kw)
+
+
+def test_accumulate_syncs_only_last():
+    assert [m.sync for m in accumulate(3)] == [False, False, True]
+
+
+def test_last_micro_batch_must_sync():
+    with pytest.raises(ValueError, match="last micro-batch"):
+        _scenario(schedule=(MicroBatch(sync=False),))
+
+
+def test_hsdp_mesh_shape_and_bad_world_size():
+    assert Sharding(replicate=2).mesh_shape(4) == (2, 2)
+    assert Sharding().mesh_shape(3) == (3,)
+    with pytest.raises(ValueError, match="not divisible"):
+        _scenario(sharding=Sharding(replicate=2), world_sizes=(3,))
+
+
+def test_expect_unknown_status_and_bad_range():
+    with pytest.raises(ValueError, match="unknown status"):
+        Expect(status="fine")
+    with pytest.raises(ValueError, match="bad version range"):
+        Expect(status="pass", torch="2.15")
+
+
+@pytest.mark.parametrize(
+    "version,expected",
+    [("2.13.0+cpu", "error"), ("2.14.1", "error"), ("2.15.0", "pass"), ("2.16.0.dev20261101", "pass")],
+)
+def test_expected_picks_first_matching_range(version, expected):
+    s = _scenario(expect=(Expect(status="error", torch="<2.15", match="x"),))
+    assert s.expected(variant="vanilla", torch_version=version, device="cpu", world_size=2).status == expected
+    # patched defaults to pass whatever the vanilla expectation
+    assert s.expected(variant="patched", torch_version=version, device="cpu", world_size=2).status == "pass"
+
+
+def test_expect_filters_device_and_world_size():
+    s = _scenario(expect=(Expect(status="hang|crash", devices=("cuda",), world_sizes=(2,)),))
+    assert s.expected(variant="vanilla", torch_version="2.13.0", device="cuda", world_size=2).status == "hang|crash"
+    assert s.expected(variant="vanilla", torch_version="2.13.0", device="cpu", world_size=2).status == "pass"
+    assert s.expected(variant="vanilla", torch_version="2.13.0", device="cuda", world_size=4).status == "pass"
+
+
+def test_batch_seed_differs_by_rank_step_micro_batch():
+    s = _scenario()
+    seeds = {s.batch_seed(Ctx(rank=r, world_size=2, step=t, micro_batch=m)) for r in range(2) for t in range(2) for m in range(2)}
+    assert len(seeds) == 8
+
+
+def test_torch_release_drops_local_label():
+    assert str(torch_release("2.13.0+cpu")) == "2.13.0"
