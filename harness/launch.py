@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,7 +65,8 @@ def run_cells(cells: list[Cell], scenarios: dict[str, Scenario], opts: LaunchOpt
         remaining = group
         while remaining:
             counter += 1
-            remaining = _launch(remaining, scenarios, opts, f"{opts.run_id}-L{counter}", records)
+            launch_id = f"{opts.run_id}-L{counter}-{uuid.uuid4().hex[:6]}"
+            remaining = _launch(remaining, scenarios, opts, launch_id, records)
     return records
 
 
@@ -90,7 +92,7 @@ def _launch(
     )
     plan_path = opts.log_dir / f"{launch_id}.json"
     plan.dump(plan_path)
-    Path(plan.progress_path).touch()
+    Path(plan.progress_path).write_text("")
     log_path = opts.log_dir / f"{launch_id}.log"
     offset = opts.out_path.stat().st_size
     proc = _start(plan, plan_path, log_path, opts)

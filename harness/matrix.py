@@ -1,0 +1,127 @@
+"""``matrix.yaml``: load and validate strictly.
+
+Every problem is a ``ValueError`` whose message is one line naming the field, so the
+command line can print it and exit 2.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["DeviceMatrix", "Matrix", "load_matrix", "parse_matrix"]
+
+_TOP_KEYS = {"patches", "patch_map", "scenarios", "world_sizes", "timeout_s", "devices"}
+_DEVICE_KEYS = {"torch", "world_sizes", "timeout_s"}
+_DEVICES = ("cpu", "cuda")
+_VERSION = re.compile(r"^\d+\.\d+\.\d+$")
+
+
+@dataclass(kw_only=True, frozen=True)
+class DeviceMatrix:
+    device: str
+    torch: tuple[str, ...]
+    world_sizes: tuple[int, ...]
+    timeout_s: float
+
+
+@dataclass(kw_only=True, frozen=True)
+class Matrix:
+    patches: str
+    patch_map: dict[str, str] = field(default_factory=dict)
+    scenarios: tuple[str, ...] | None = None  # None = all
+    devices: tuple[DeviceMatrix, ...] = ()
+
+    def cells(self) -> list[tuple[str, str]]:
+        """(torch version, device) pairs, one nox session each."""
+        return [(v, d.device) for d in self.devices for v in d.torch]
+
+    def device(self, name: str) -> DeviceMatrix:
+        for d in self.devices:
+            if d.device == name:
+                return d
+        raise ValueError(f"matrix.yaml: device {name!r} is not in the matrix")
+
+
+def load_matrix(path: str | Path = "matrix.yaml") -> Matrix:
+    import yaml
+
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"matrix file not found: {path}")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        raise ValueError(f"{p.name}: not valid YAML{where}") from e
+    return parse_matrix(data, p.name)
+
+
+def parse_matrix(data: Any, name: str = "matrix.yaml") -> Matrix:
+    if not isinstance(data, dict):
+        raise ValueError(f"{name}: the top level must be a mapping")
+    _no_unknown(data, _TOP_KEYS, name)
+    patches = data.get("patches", "fsdp_patches")
+    if not isinstance(patches, str) or not patches:
+        raise ValueError(f"{name}: 'patches' must be a module name or a .py path")
+    patch_map = data.get("patch_map") or {}
+    if not isinstance(patch_map, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in patch_map.items()):
+        raise ValueError(f"{name}: 'patch_map' must map patch names to function names")
+    scenarios = data.get("scenarios", "all")
+    if scenarios == "all":
+        chosen = None
+    elif isinstance(scenarios, list) and scenarios and all(isinstance(s, str) for s in scenarios):
+        chosen = tuple(scenarios)
+    else:
+        raise ValueError(f"{name}: 'scenarios' must be 'all' or a non-empty list of names")
+    world_sizes = _world_sizes(data.get("world_sizes", [1, 2, 4]), f"{name}: 'world_sizes'")
+    timeout = _timeout(data.get("timeout_s", 60), f"{name}: 'timeout_s'")
+    devices = data.get("devices")
+    if not isinstance(devices, dict) or not devices:
+        raise ValueError(f"{name}: 'devices' must map device names (cpu, cuda) to settings")
+    parsed = []
+    for dev, settings in devices.items():
+        where = f"{name}: devices.{dev}"
+        if dev not in _DEVICES:
+            raise ValueError(f"{name}: unknown device {dev!r} under 'devices' (choose from {', '.join(_DEVICES)})")
+        if not isinstance(settings, dict):
+            raise ValueError(f"{where} must be a mapping")
+        _no_unknown(settings, _DEVICE_KEYS, where)
+        versions = settings.get("torch")
+        if not isinstance(versions, list) or not versions:
+            raise ValueError(f"{where}.torch must be a non-empty list of versions like \"2.13.0\"")
+        for v in versions:
+            if not isinstance(v, str) or not _VERSION.match(v):
+                raise ValueError(f"{where}.torch: bad version {v!r} (write it as a quoted \"X.Y.Z\")")
+        if len(set(versions)) != len(versions):
+            raise ValueError(f"{where}.torch lists a version twice")
+        parsed.append(
+            DeviceMatrix(
+                device=dev,
+                torch=tuple(versions),
+                world_sizes=_world_sizes(settings["world_sizes"], f"{where}.world_sizes") if "world_sizes" in settings else world_sizes,
+                timeout_s=_timeout(settings["timeout_s"], f"{where}.timeout_s") if "timeout_s" in settings else timeout,
+            )
+        )
+    return Matrix(patches=patches, patch_map=dict(patch_map), scenarios=chosen, devices=tuple(parsed))
+
+
+def _no_unknown(d: dict, allowed: set[str], where: str) -> None:
+    for key in d:
+        if key not in allowed:
+            raise ValueError(f"{where}: unknown key {key!r} (allowed: {', '.join(sorted(allowed))})")
+
+
+def _world_sizes(value: Any, where: str) -> tuple[int, ...]:
+    if not isinstance(value, list) or not value or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value):
+        raise ValueError(f"{where} must be a non-empty list of positive integers")
+    return tuple(value)
+
+
+def _timeout(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ValueError(f"{where} must be a positive number of seconds")
+    return float(value)

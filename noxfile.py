@@ -1,0 +1,99 @@
+"""nox sessions. The matrix is parametrized from matrix.yaml.
+
+    nox -s matrix                      # every (torch, device) cell of matrix.yaml
+    nox -s "matrix(torch='2.12.1', device='cpu')"
+    nox -s tests                       # the test suite (torch 2.13.0, CPU)
+    nox -s report                      # reports/compat.{md,html,csv} from runs/matrix
+    nox -s bench                       # launch amortization benchmark
+    nox -s lint
+    nox --json -l                      # session list for CI job matrices
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT))
+
+from harness.envs import torch_install_args, write_overrides  # noqa: E402
+from harness.matrix import load_matrix  # noqa: E402
+
+nox.options.sessions = ["tests"]
+nox.options.reuse_existing_virtualenvs = True
+
+MATRIX = load_matrix(ROOT / "matrix.yaml")
+TEST_TORCH = "2.13.0"
+RUNS = ROOT / "runs" / "matrix"
+
+
+@nox.session(venv_backend="uv", reuse_venv=True)
+@nox.parametrize(("torch", "device"), MATRIX.cells())
+def matrix(session: nox.Session, torch: str, device: str) -> None:
+    """One matrix cell: every scenario, vanilla and patched, on one torch version and device."""
+    dev = MATRIX.device(device)
+    if device == "cuda" and not _gpu_visible():
+        session.skip("no GPU visible on this machine (nvidia-smi finds none)")
+    overrides = write_overrides(Path(session.virtualenv.location) / ".fsdp-compat")
+    session.install(*torch_install_args(torch, device, overrides))
+    session.run(
+        "python", "-c",
+        "import sys, torch; v = torch.__version__.split('+')[0]; "
+        f"sys.exit(0 if v == {torch!r} else f'installed torch {{v}} is not the cell\\'s {torch}')",
+    )  # fmt: skip
+    out = RUNS / device / f"torch-{torch}.jsonl"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.unlink(missing_ok=True)  # a rerun replaces this cell's records
+    args = ["--device", device, "--out", str(out), "--patches", MATRIX.patches, "--timeout", str(dev.timeout_s)]
+    for ws in dev.world_sizes:
+        args += ["--world-size", str(ws)]
+    for name in MATRIX.scenarios or []:
+        args += ["--scenario", name]
+    for name, fn in MATRIX.patch_map.items():
+        args += ["--patch-map", f"{name}={fn}"]
+    session.run("python", "-m", "harness", "run", *args, *session.posargs, env={"PYTHONPATH": str(ROOT)})
+
+
+def _gpu_visible() -> bool:
+    import shutil
+    import subprocess
+
+    smi = shutil.which("nvidia-smi")
+    return bool(smi) and subprocess.run([smi, "-L"], capture_output=True).returncode == 0
+
+
+def _install_project(session: nox.Session, *extras: str) -> None:
+    session.install(f"torch=={TEST_TORCH}")
+    session.install("-e", f".[{','.join(extras)}]" if extras else ".")
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """The test suite on torch 2.13.0 (CPU)."""
+    _install_project(session, "test")
+    session.run("python", "-m", "pytest", "-n", "2", "-q", *session.posargs)
+
+
+@nox.session
+def report(session: nox.Session) -> None:
+    """Build reports/compat.{md,html,csv} from the matrix records."""
+    session.install("pandas", "packaging")
+    records = session.posargs or [str(RUNS)]
+    session.run("python", "-m", "harness.report", "--records", *records, "--out", str(ROOT / "reports"),
+                env={"PYTHONPATH": str(ROOT)})
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """One torchrun per cell vs many cells per torchrun, side by side; and the CPU suite wall."""
+    _install_project(session)
+    session.run("python", "bench/launch_bench.py", *session.posargs)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    session.install("ruff")
+    session.run("ruff", "check", "harness", "scenarios", "fsdp_patches", "tests", "noxfile.py")
