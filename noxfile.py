@@ -22,7 +22,6 @@ sys.path.insert(0, str(ROOT))
 from harness.envs import torch_install_args, write_overrides  # noqa: E402
 from harness.matrix import load_matrix  # noqa: E402
 
-nox.options.sessions = ["tests"]
 nox.options.reuse_existing_virtualenvs = True
 
 MATRIX = load_matrix(ROOT / "matrix.yaml")

@@ -26,6 +26,8 @@ class Cell:
     world_size: int
     timeout_s: float
     patches: tuple[str, ...] = ()
+    #: 0 expected to finish cleanly, 1 expected to fail inside the cell, 2 may end the launch
+    risk: int = 0
 
     @property
     def label(self) -> str:
@@ -69,6 +71,7 @@ def plan_cells(
     explicit_scenarios: bool,
     timeout_s: float | None = None,
     baseline_patches: tuple[str, ...] = (),
+    torch_version: str | None = None,
 ) -> list[Cell]:
     """Every supported (scenario, variant, device, world size) combination, in order.
 
@@ -105,6 +108,7 @@ def plan_cells(
                         raise ValueError(f"scenario {s.name!r} does not support device {d!r}")
                     continue
                 for v in variants:
+                    expected = s.expected(variant=v, torch_version=torch_version or _torch_version(), device=d, world_size=ws)
                     cells.append(
                         Cell(
                             index=len(cells),
@@ -115,6 +119,7 @@ def plan_cells(
                             world_size=ws,
                             timeout_s=timeout_s or s.timeout_s,
                             patches=(tuple(s.patches) or baseline_patches) if v == "patched" else (),
+                            risk=_risk(expected.status),
                         )
                     )
     return cells
@@ -129,12 +134,29 @@ def all_patch_names(scenarios: list[Scenario]) -> tuple[str, ...]:
 
 
 def group_into_launches(cells: list[Cell]) -> list[list[Cell]]:
-    """Cells that can share one torchrun launch, in first-appearance order."""
+    """Cells that can share one torchrun launch, in first-appearance order.
+
+    Within a launch, cells that may end it (expected hang or crash) run last, so the
+    relaunch after them has little or nothing left to do.
+    """
     groups: dict[tuple, list[Cell]] = {}
     for c in cells:
         key = (c.device, c.world_size, c.variant, tuple(c.patches) if c.variant == "patched" else ())
         groups.setdefault(key, []).append(c)
-    return list(groups.values())
+    return [sorted(g, key=lambda c: c.risk) for g in groups.values()]
+
+
+def _risk(expected_status: str) -> int:
+    statuses = set(expected_status.split("|"))
+    if statuses & {"hang", "crash"}:
+        return 2
+    return 1 if "error" in statuses else 0
+
+
+def _torch_version() -> str:
+    from importlib.metadata import version
+
+    return version("torch")
 
 
 def _join(items) -> str:

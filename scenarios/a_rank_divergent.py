@@ -1,0 +1,43 @@
+"""A: ranks use different parameters in one FSDP unit (odd ranks skip ``cond``).
+
+Vanilla FSDP2 reduce-scatters only the params with a local grad, so ranks issue
+different collectives: gloo aborts on the size mismatch, NCCL hangs or corrupts data.
+Fixed by reducing unused params (public API >= 2.13, else a zero-grad fill): ``cond``'s
+grad is the mean over ranks with 0 from the ranks that skipped it.
+"""
+
+import torch
+from torch import nn
+
+from harness.spec import Expect, Scenario
+
+
+class CondNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.cond = nn.Linear(7, 7)
+        self.out = nn.Linear(7, 3)
+
+    def forward(self, x: torch.Tensor, use_cond: bool = True) -> torch.Tensor:
+        return self.out(self.cond(x) if use_cond else x)
+
+
+def forward(model, batch, ctx):
+    return model(batch, use_cond=ctx.rank % 2 == 0).float().square().mean()
+
+
+SCENARIO = Scenario(
+    name="a_rank_divergent",
+    summary="A: odd ranks skip a layer inside the root unit",
+    model=CondNet,
+    batch=lambda ctx: torch.randn(5, 7),
+    forward=forward,
+    world_sizes=(2, 4),
+    patches=("unused_param_reduction",),
+    timeout_s=20,
+    expect=(
+        Expect(status="error|hang|crash", devices=("cpu",), match="mismatch",
+               why="gloo aborts: ranks reduce-scatter different sizes"),
+        Expect(status="error|hang|crash|mismatch", devices=("cuda",), why="NCCL hangs or corrupts data"),
+    ),
+)

@@ -1,0 +1,31 @@
+"""B3: API on, ``unused`` used every micro-batch on rank 0 only.
+
+Only the other ranks assert ("uniform gradient dtype"); rank 0 blocks in the
+reduce-scatter (gloo: connection closed by peer; NCCL: hang).
+"""
+
+from harness.spec import Expect, Scenario, accumulate
+from scenarios._mixed import UsedUnused, batch, sharding
+
+
+def forward(model, x, ctx):
+    return model(x, use_unused=ctx.rank == 0).float().square().mean()
+
+
+SCENARIO = Scenario(
+    name="b3_mixed_dtype_rank0_only",
+    summary="B3: API on, a layer used on rank 0 only, bf16/fp32",
+    model=UsedUnused,
+    batch=batch,
+    forward=forward,
+    sharding=sharding(api=True),
+    schedule=accumulate(2),
+    unused_grads="zero",
+    world_sizes=(2, 4),
+    patches=("unused_param_reduction", "uniform_reduce_dtype"),
+    timeout_s=20,
+    expect=(
+        Expect(status="error|hang|crash", torch=">=2.13,<2.15", match="uniform gradient dtype", devices=("cpu",)),
+        Expect(status="error|hang|crash", torch=">=2.13,<2.15", devices=("cuda",)),
+    ),
+)

@@ -1,0 +1,37 @@
+"""D1: HSDP, ``extra`` used only in micro-batch 0, all-reduce deferred to micro-batch 1.
+
+The pending flat all-reduce buffer's layout comes from micro-batch 0's grads; micro-batch 1
+has fewer: "The size of tensor a (..) must match the size of tensor b (..)".
+"""
+
+import torch
+from torch import nn
+
+from harness.spec import Expect, Scenario
+from scenarios._hsdp_usage import DEFERRED, HSDP
+
+
+class WithExtra(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(7, 8)
+        self.extra = nn.Linear(8, 8)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor, use_extra: bool) -> torch.Tensor:
+        h = self.body(x)
+        return self.head(self.extra(h) if use_extra else h)
+
+
+SCENARIO = Scenario(
+    name="d1_hsdp_extra_first_micro_batch",
+    summary="D1: HSDP deferred all-reduce, a layer used in micro-batch 0 only",
+    model=WithExtra,
+    batch=lambda ctx: torch.randn(5, 7),
+    forward=lambda model, x, ctx: model(x, use_extra=ctx.micro_batch == 0).float().square().mean(),
+    sharding=HSDP,
+    schedule=DEFERRED,
+    world_sizes=(2, 4),
+    patches=("unused_param_reduction",),
+    expect=(Expect(status="error", torch="<2.15", match="must match the size of tensor b"),),
+)

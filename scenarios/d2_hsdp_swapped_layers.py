@@ -1,0 +1,39 @@
+"""D2: HSDP, same-shape layers ``a`` (micro-batch 0 only) and ``b`` (micro-batch 1 only).
+
+The flat pending buffer from micro-batch 0 (holding ``a``) is added to micro-batch 1's
+(holding ``b``) with the same size: no error, ``a.grad`` is None and ``b.grad`` wrong.
+Silent corruption: only the reference comparison catches it.
+"""
+
+import torch
+from torch import nn
+
+from harness.spec import Expect, Scenario
+from scenarios._hsdp_usage import DEFERRED, HSDP
+
+
+class Swapped(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(7, 8)
+        self.a = nn.Linear(8, 8)
+        self.b = nn.Linear(8, 8)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor, micro_batch: int) -> torch.Tensor:
+        h = self.body(x)
+        return self.head(self.a(h) if micro_batch == 0 else self.b(h))
+
+
+SCENARIO = Scenario(
+    name="d2_hsdp_swapped_layers",
+    summary="D2: HSDP deferred all-reduce, same-shape layers swap between micro-batches",
+    model=Swapped,
+    batch=lambda ctx: torch.randn(5, 7),
+    forward=lambda model, x, ctx: model(x, ctx.micro_batch).float().square().mean(),
+    sharding=HSDP,
+    schedule=DEFERRED,
+    world_sizes=(2, 4),
+    patches=("unused_param_reduction",),
+    expect=(Expect(status="mismatch", torch="<2.15", match="presence"),),
+)

@@ -1,0 +1,33 @@
+"""H: inf-norm clipping when a parameter has fewer rows than ranks (an empty local shard).
+
+``head.weight`` has shape (1, 16): on 2+ ranks some rank holds an empty shard, whose
+inf norm raises only there; the others wait in the collective.
+"""
+
+import torch
+from torch import nn
+
+from harness.spec import Clip, Expect, Scenario
+
+
+class NarrowHead(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(7, 16)
+        self.head = nn.Linear(16, 1, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.body(x)))
+
+
+SCENARIO = Scenario(
+    name="h_inf_norm_empty_shard",
+    summary="H: clip_grad_norm_(norm_type=inf) with a (1, 16) weight on 2+ ranks",
+    model=NarrowHead,
+    batch=lambda ctx: torch.randn(5, 7),
+    clip=Clip(max_norm=0.05, norm_type=float("inf")),
+    world_sizes=(2, 4),
+    patches=("clip_grad_norm",),
+    timeout_s=20,
+    expect=(Expect(status="error|hang|crash", match="infinity norm"),),
+)

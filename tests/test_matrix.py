@@ -1,0 +1,64 @@
+import pytest
+import yaml
+
+from harness.matrix import load_matrix, parse_matrix
+from tests.conftest import ROOT
+
+
+def test_committed_matrix_is_valid_and_has_the_default_cpu_set():
+    m = load_matrix(ROOT / "matrix.yaml")
+    cpu = m.device("cpu")
+    assert cpu.torch == ("2.7.1", "2.8.0", "2.9.1", "2.10.0", "2.11.0", "2.12.1", "2.13.0", "2.14.1", "2.15.0")
+    assert ("2.13.0", "cpu") in m.cells()
+
+
+GOOD = {"patches": "fsdp_patches", "devices": {"cpu": {"torch": ["2.13.0"]}}}
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        ({"colour": "red"}, "unknown key 'colour'"),
+        ({"devices": {"tpu": {"torch": ["2.13.0"]}}}, "unknown device 'tpu'"),
+        ({"devices": {"cpu": {"torch": ["2.13"]}}}, "devices.cpu.torch: bad version '2.13'"),
+        ({"devices": {"cpu": {"torch": [2.13]}}}, "bad version 2.13"),
+        ({"devices": {"cpu": {"torch": []}}}, "devices.cpu.torch must be a non-empty list"),
+        ({"devices": {"cpu": {"torch": ["2.13.0"], "backend": "x"}}}, "devices.cpu: unknown key 'backend'"),
+        ({"world_sizes": [0, 2]}, "'world_sizes' must be a non-empty list of positive integers"),
+        ({"timeout_s": -1}, "'timeout_s' must be a positive number"),
+        ({"scenarios": "some"}, "'scenarios' must be 'all' or a non-empty list"),
+        ({"patch_map": ["x"]}, "'patch_map' must map patch names"),
+        ({"devices": {"cpu": {"torch": ["2.13.0", "2.13.0"]}}}, "lists a version twice"),
+    ],
+)
+def test_bad_fields_are_named_in_one_line(change, message):
+    with pytest.raises(ValueError) as err:
+        parse_matrix({**GOOD, **change})
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_device_overrides_and_scenario_list():
+    m = parse_matrix({**GOOD, "scenarios": ["plain"], "world_sizes": [2],
+                      "devices": {"cpu": {"torch": ["2.13.0"], "world_sizes": [1], "timeout_s": 5}}})
+    assert m.scenarios == ("plain",)
+    assert m.device("cpu").world_sizes == (1,) and m.device("cpu").timeout_s == 5.0
+
+
+def test_invalid_yaml_and_missing_file(tmp_path):
+    bad = tmp_path / "m.yaml"
+    bad.write_text("devices: [unclosed\n")
+    with pytest.raises(ValueError, match="not valid YAML"):
+        load_matrix(bad)
+    with pytest.raises(ValueError, match="matrix file not found"):
+        load_matrix(tmp_path / "nope.yaml")
+
+
+def test_nox_json_list_names_every_matrix_cell():
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "nox", "--json", "-l"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    names = {s["session"] for s in json.loads(out.stdout)}
+    assert "matrix(torch='2.12.1', device='cpu')" in names and "tests" in names
