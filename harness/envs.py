@@ -11,31 +11,70 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["LOCAL_WHEELS", "torch_install_args", "write_overrides"]
+__all__ = ["LOCAL_WHEELS", "cpu_overrides", "torch_install_args"]
 
 #: local wheel folders searched when they exist (FSDP_COMPAT_WHEELS adds more, ':'-separated)
 LOCAL_WHEELS = ["/opt/wheels"]
 
 #: CPU cells never compile kernels: leave Triton (0.5-1 GB per version) out.
-CPU_OVERRIDES = 'triton ; sys_platform == "never"\n'
+_NO_TRITON = 'triton ; sys_platform == "never"'
+
+#: CPU cells only need the CUDA libraries to be importable. One set per CUDA major, the
+#: newest any release of that line pins, is shared (hard-linked from uv's cache) by every
+#: torch version of the line instead of one set per release. Newer minor versions of a
+#: CUDA 12 / 13 library keep the older ones' sonames and symbols.
+_CU12 = """\
+nvidia-cuda-nvrtc-cu12==12.8.93
+nvidia-cuda-runtime-cu12==12.8.90
+nvidia-cuda-cupti-cu12==12.8.90
+nvidia-cudnn-cu12==9.10.2.21
+nvidia-cublas-cu12==12.8.4.1
+nvidia-cufft-cu12==11.3.3.83
+nvidia-curand-cu12==10.3.9.90
+nvidia-cusolver-cu12==11.7.3.90
+nvidia-cusparse-cu12==12.5.8.93
+nvidia-nccl-cu12==2.27.5
+nvidia-nvshmem-cu12==3.4.5
+nvidia-nvtx-cu12==12.8.90
+nvidia-nvjitlink-cu12==12.8.93
+nvidia-cufile-cu12==1.13.1.3
+cuda-bindings==12.9.4
+"""
+_CU13 = """\
+cuda-toolkit[cublas,cudart,cufft,cufile,cupti,curand,cusolver,cusparse,nvjitlink,nvrtc,nvtx]==13.2.2
+nvidia-cublas
+nvidia-cudnn-cu13==9.26.0.51
+nvidia-cusparselt-cu13==0.8.1
+nvidia-nccl-cu13==2.30.7
+nvidia-nvshmem-cu13==3.7.2
+"""
 
 
-def torch_install_args(version: str, device: str, overrides: Path | None) -> list[str]:
-    """Arguments for ``uv pip install`` (or ``session.install``) of torch ``version``."""
-    args = [f"torch=={version}", "packaging"]
-    for folder in _wheel_folders():
-        if any(Path(folder).glob(f"torch-{version}+cpu-*.whl")) and device == "cpu":
-            args += ["--find-links", folder]
-    if device == "cpu" and overrides is not None:
-        args += ["--override", str(overrides)]
-    return args
+def torch_install_args(version: str, device: str, folder: Path) -> list[str]:
+    """Arguments for ``uv pip install`` (nox's ``session.install``) of torch ``version``.
 
-
-def write_overrides(folder: Path) -> Path:
+    CPU cells take a local CPU wheel where one exists, and otherwise the CUDA build with
+    shared CUDA libraries and no Triton (``cpu_overrides``); CUDA cells take the release
+    exactly as published.
+    """
+    args = [f"torch=={version}", "packaging", "numpy"]
+    if device != "cpu":
+        return args
+    for wheels in _wheel_folders():
+        if any(Path(wheels).glob(f"torch-{version}+cpu-*.whl")):
+            return [*args, "--find-links", wheels]
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "cpu-overrides.txt"
-    path.write_text(CPU_OVERRIDES)
-    return path
+    path.write_text(cpu_overrides(version))
+    return [*args, "--override", str(path)]
+
+
+def cpu_overrides(version: str) -> str:
+    """uv override lines for a CPU-only environment of torch ``version``."""
+    from packaging.version import Version
+
+    line = _CU12 if Version(version) < Version("2.11") else _CU13
+    return f"{_NO_TRITON}\n{line}"
 
 
 def _wheel_folders() -> list[str]:

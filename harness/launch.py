@@ -261,6 +261,7 @@ def _outside_record(
 _SIGNAL = re.compile(r"Signal (\d+) \((\w+)\) received by PID")
 _EXITCODE = re.compile(r"exitcode\s*:\s*(-?\d+)")
 _RANK = re.compile(r"rank\s*:\s*(\d+) \(local_rank")
+_WHAT = re.compile(r"what\(\):\s*(.+)")
 
 
 def _crash_cause(log_path: Path) -> tuple[str, str, int | None]:
@@ -271,7 +272,9 @@ def _crash_cause(log_path: Path) -> tuple[str, str, int | None]:
     rank = int(rank_m.group(1)) if rank_m else None
     sig = _SIGNAL.search(root)
     if sig:
-        return "Signal", f"rank {rank} died: signal {sig.group(1)} ({sig.group(2)})", rank
+        what = _WHAT.search(text)  # a C++ exception that ended the process (gloo enforce, ...)
+        detail = f": {what.group(1).strip()[:400]}" if what else ""
+        return "Signal", f"rank {rank} died: signal {sig.group(1)} ({sig.group(2)}){detail}", rank
     errors = [
         ln for ln in text.splitlines() if re.search(r"\b\w+(Error|Exception)\b: ", ln) and "ChildFailedError" not in ln
     ]

@@ -19,11 +19,28 @@ from torch import nn
 from harness.snapshot import StepSnapshot
 from harness.spec import Ctx, Scenario
 
-__all__ = ["run_reference"]
+__all__ = ["GLOO_AVG_SUMS", "quirks_for", "run_reference"]
 
 
-def run_reference(scenario: Scenario, world_size: int) -> list[StepSnapshot]:
+#: Known backend behaviour the reference must model to judge anything else on that
+#: backend: before torch 2.9 FSDP2 reduce-scatters fp32/bf16 grads with ReduceOp.AVG,
+#: which gloo computes as a sum (grads come out ``world_size`` times too large on CPU).
+#: Cells judged under a quirk say so in their record (``reference_quirks``).
+GLOO_AVG_SUMS = "gloo reduce-scatter AVG sums (torch < 2.9): reference sums over ranks"
+
+
+def quirks_for(*, torch_version: str, backend: str) -> list[str]:
+    """The backend quirks that apply to a cell (see ``GLOO_AVG_SUMS``)."""
+    from packaging.version import Version
+
+    if "gloo" in backend and "nccl" not in backend and Version(Version(torch_version).base_version) < Version("2.9"):
+        return [GLOO_AVG_SUMS]
+    return []
+
+
+def run_reference(scenario: Scenario, world_size: int, *, quirks: list[str] | None = None) -> list[StepSnapshot]:
     """Replay ``scenario`` at ``world_size`` data-parallel ranks in this process."""
+    divisor = 1 if quirks and GLOO_AVG_SUMS in quirks else world_size
     torch.manual_seed(scenario.seed)
     model = scenario.model()
     named = dict(model.named_parameters())
@@ -37,7 +54,7 @@ def run_reference(scenario: Scenario, world_size: int) -> list[StepSnapshot]:
     snapshots = []
     for step in range(scenario.steps):
         for k, micro_batch in enumerate(scenario.schedule):
-            mean = _mean_over_ranks(scenario, model, world_size, step, k)
+            mean = _mean_over_ranks(scenario, model, world_size, step, k, divisor)
             for name, g in mean.items():
                 p = named[name]
                 p.grad = g.to(p.dtype) if p.grad is None else p.grad + g.to(p.dtype)
@@ -50,7 +67,7 @@ def run_reference(scenario: Scenario, world_size: int) -> list[StepSnapshot]:
 
 
 def _mean_over_ranks(
-    scenario: Scenario, model: nn.Module, world_size: int, step: int, k: int
+    scenario: Scenario, model: nn.Module, world_size: int, step: int, k: int, divisor: int
 ) -> dict[str, torch.Tensor]:
     """Mean over ranks of each parameter's gradient for micro-batch ``k`` (only used ones)."""
     compute_dtype = scenario.sharding.param_dtype
@@ -74,7 +91,7 @@ def _mean_over_ranks(
                 continue
             g = g.to(reduce_dtype)
             total[name] = g if name not in total else total[name] + g
-    return {name: g / world_size for name, g in total.items()}
+    return {name: g / divisor for name, g in total.items()}
 
 
 def _finish_step(scenario: Scenario, step: int, named: dict[str, nn.Parameter], opt: torch.optim.Optimizer) -> StepSnapshot:

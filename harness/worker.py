@@ -32,7 +32,7 @@ import torch.distributed as dist
 from harness import compare, record
 from harness.patching import UTILITIES, install_patches, load_patches_module, resolve
 from harness.plan import Cell, LaunchPlan
-from harness.reference import run_reference
+from harness.reference import quirks_for, run_reference
 from harness.registry import load_scenarios
 from harness.snapshot import StepSnapshot
 from harness.spec import Ctx, Expect, Scenario
@@ -176,7 +176,7 @@ def _run_cell(
         if plan.dump_dir:
             _dump(plan.dump_dir, cell, observed)
         try:
-            _judge(rec, scenario, observed, world)
+            _judge(rec, scenario, observed, world, cell)
         except Exception as e:  # a broken reference must not lose the cell
             rec.update(status="error", exc_type=type(e).__name__, exc_msg=f"reference/compare failed: {e}"[:500],
                        traceback=traceback.format_exc()[-8000:])
@@ -295,8 +295,10 @@ def _blame(rec: dict[str, Any], outcomes: list[RankOutcome]) -> None:
     )
 
 
-def _judge(rec: dict[str, Any], scenario: Scenario, observed: list[StepSnapshot], world: int) -> None:
-    reference = run_reference(scenario, world)
+def _judge(rec: dict[str, Any], scenario: Scenario, observed: list[StepSnapshot], world: int, cell: Cell) -> None:
+    quirks = quirks_for(torch_version=torch.__version__, backend=cell.backend)
+    rec["reference_quirks"] = quirks
+    reference = run_reference(scenario, world, quirks=quirks)
     result = compare.compare_runs(observed, reference, compare.tolerance_for(scenario))
     rec.update(result.as_record_fields())
     rec["status"] = "pass" if result.ok else "mismatch"

@@ -36,8 +36,8 @@ SCENARIO = Scenario(
     patches=("unused_param_reduction",),
     timeout_s=20,
     expect=(
-        Expect(status="error|hang|crash", devices=("cpu",), match="mismatch",
-               why="gloo aborts: ranks reduce-scatter different sizes"),
+        Expect(status="error|hang|crash", devices=("cpu",),
+               why="gloo aborts: ranks reduce-scatter different sizes (the text differs by version)"),
         Expect(status="error|hang|crash|mismatch", devices=("cuda",), why="NCCL hangs or corrupts data"),
     ),
 )

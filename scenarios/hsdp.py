@@ -1,6 +1,7 @@
 """HSDP (replicate x shard) with the replicate all-reduce deferred to the last micro-batch."""
 
 from harness.spec import MicroBatch, Scenario, Sharding
+from scenarios._hsdp_usage import GLOO_NO_AVG
 from scenarios._models import MLP, randn_batch
 
 SCENARIO = Scenario(
@@ -11,4 +12,5 @@ SCENARIO = Scenario(
     sharding=Sharding(units=("layers.0",), replicate=2),
     schedule=(MicroBatch(all_reduce=False), MicroBatch()),
     world_sizes=(2, 4),
+    expect=GLOO_NO_AVG,
 )

@@ -1,0 +1,29 @@
+"""F: grad norm and clipping with CPU-offloaded grads over a group with no CPU backend.
+
+With ``CPUOffloadPolicy`` the sharded grads' local tensors live on the host while their
+mesh's group is NCCL-only: torch's ``clip_grad_norm_`` all-reduces a CPU scalar over it,
+"No backend type associated with device type cpu". On CPU the NCCL-only group is
+simulated by a ``cuda:gloo`` group (``Scenario.norm_group_backend``). Fixed by computing
+the norm where the grads live and reducing the scalar on a device the group serves.
+"""
+
+from harness.spec import Clip, Expect, Scenario, Sharding
+from scenarios._models import MLP, randn_batch
+
+SCENARIO = Scenario(
+    name="f_offload_clip_nccl_only",
+    summary="F: clip_grad_norm_ on offloaded grads, NCCL-only group (cuda:gloo on CPU)",
+    model=MLP,
+    batch=randn_batch(),
+    sharding=Sharding(units=("layers.0",), offload=True),
+    clip=Clip(max_norm=0.05),
+    norm_group_backend={"cpu": "cuda:gloo"},
+    backend={"cuda": "nccl"},
+    world_sizes=(1, 2, 4),
+    patches=("clip_grad_norm",),
+    timeout_s=20,
+    expect=(
+        Expect(status="error", world_sizes=(2, 4), match="No backend type associated with device type cpu"),
+        Expect(status="pass", world_sizes=(1,), why="a one-rank mesh needs no all-reduce of the norm"),
+    ),
+)
