@@ -59,6 +59,8 @@ def _add_run_args(run: argparse.ArgumentParser) -> None:
     run.add_argument("--patch-map", action="append", default=[], metavar="NAME=FUNC", help="map a patch name to a function of the module")
     run.add_argument("--timeout", type=float, default=None, help="per-cell timeout in seconds (default: the scenario's)")
     run.add_argument("--scenarios-dir", action="append", default=[], help="extra folder of scenario files")
+    run.add_argument("--isolate", choices=["snapshot", "process"], default="snapshot",
+                     help="patch sets share a launch and are undone in turn (snapshot), or get launches of their own")
     run.add_argument("--dump", default=None, help="save each judged cell's observed tensors in this folder")
     run.add_argument("--quiet", action="store_true", help="no progress lines")
 
@@ -116,6 +118,7 @@ def run_from_args(args: argparse.Namespace) -> list[dict[str, Any]]:
         scenario_dirs=args.scenarios_dir,
         on_record=progress,
         dump_dir=Path(args.dump) if args.dump else None,
+        isolate=args.isolate,
         rdzv_args=getattr(args, "rdzv_args", None) or [],
     )
     if not args.quiet:

@@ -48,6 +48,8 @@ class LaunchOptions:
     python: str = sys.executable
     #: extra torchrun arguments replacing ``--standalone`` (multi-node: --nnodes, --node-rank, --rdzv-endpoint ...)
     rdzv_args: list[str] = field(default_factory=list)
+    #: "snapshot": patch sets share a launch and are undone in turn; "process": a launch per set
+    isolate: str = "snapshot"
     grace_s: float = 5.0
     #: how long a launch may take to start its first cell (imports, rendezvous)
     startup_timeout_s: float = 180.0
@@ -61,7 +63,7 @@ def run_cells(cells: list[Cell], scenarios: dict[str, Scenario], opts: LaunchOpt
     opts.out_path.touch()
     records: list[dict[str, Any]] = []
     counter = 0
-    for group in group_into_launches(cells):
+    for group in group_into_launches(cells, isolate=opts.isolate):
         remaining = group
         while remaining:
             counter += 1
@@ -80,8 +82,6 @@ def _launch(
         launch_id=launch_id,
         device=first.device,
         world_size=first.world_size,
-        variant=first.variant,
-        patches=list(first.patches),
         patches_module=opts.patches_module,
         patch_mapping=opts.patch_mapping,
         out_path=str(opts.out_path.resolve()),

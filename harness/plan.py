@@ -42,8 +42,6 @@ class LaunchPlan:
     launch_id: str
     device: str
     world_size: int
-    variant: str
-    patches: list[str]
     patches_module: str
     patch_mapping: dict[str, str]
     out_path: str
@@ -133,17 +131,25 @@ def all_patch_names(scenarios: list[Scenario]) -> tuple[str, ...]:
     return tuple(names)
 
 
-def group_into_launches(cells: list[Cell]) -> list[list[Cell]]:
+def group_into_launches(cells: list[Cell], *, isolate: str = "snapshot") -> list[list[Cell]]:
     """Cells that can share one torchrun launch, in first-appearance order.
 
-    Within a launch, cells that may end it (expected hang or crash) run last, so the
-    relaunch after them has little or nothing left to do.
+    With ``isolate="snapshot"`` (the default) one launch per device and world size runs
+    every variant and patch set in turn (the worker undoes a set before the next); with
+    ``"process"`` each patch set gets launches of its own. Within a launch, vanilla
+    comes first, cells of one patch set run together, and cells that may end the launch
+    (expected hang or crash) run last, so the relaunch after them has little left to do.
     """
     groups: dict[tuple, list[Cell]] = {}
     for c in cells:
-        key = (c.device, c.world_size, c.variant, tuple(c.patches) if c.variant == "patched" else ())
+        key: tuple = (c.device, c.world_size)
+        if isolate == "process":
+            key += (c.variant, c.patches)
         groups.setdefault(key, []).append(c)
-    return [sorted(g, key=lambda c: c.risk) for g in groups.values()]
+    order: dict[tuple, int] = {}
+    for c in cells:
+        order.setdefault((c.variant != "vanilla", c.patches), len(order))
+    return [sorted(g, key=lambda c: (c.risk, order[(c.variant != "vanilla", c.patches)])) for g in groups.values()]
 
 
 def _risk(expected_status: str) -> int:

@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from harness import compare, record
+from harness.isolation import TorchSnapshot, forget_module
 from harness.patching import UTILITIES, install_patches, load_patches_module, resolve
 from harness.plan import Cell, LaunchPlan
 from harness.reference import quirks_for, run_reference
@@ -76,8 +77,9 @@ def main(argv: list[str] | None = None) -> None:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     store = _connect_store(world)
     scenarios = load_scenarios(plan.scenario_dirs)
-    installs, utilities = _install(plan)
+    patches = _PatchSets(plan)
     for cell in plan.cells:
+        installs, utilities = patches.activate(cell.patches if cell.variant == "patched" else ())
         if not _run_cell(cell, plan, scenarios[cell.scenario], installs, utilities, store, rank, world):
             _exit(EXIT_POISONED)
     _exit(0)  # avoids the frequent abort at interpreter exit after destroy_process_group()
@@ -96,21 +98,46 @@ def _connect_store(world: int) -> dist.Store:
     )
 
 
-def _install(plan: LaunchPlan) -> tuple[dict[str, dict[str, str]], dict[str, Any]]:
-    """Install the launch's patches once (process-global); never raises."""
-    if plan.variant != "patched" or not plan.patches:
-        return {}, {}
-    try:
-        module = load_patches_module(plan.patches_module)
-    except ValueError as e:
-        return {n: {"status": "error", "reason": f"patch install error: {e}"} for n in plan.patches}, {}
-    outcomes = install_patches(module, plan.patches, plan.patch_mapping)
-    utilities = {
-        n: resolve(module, n, plan.patch_mapping)
-        for n in plan.patches
-        if n in UTILITIES and outcomes[n].status != "error"
-    }
-    return {n: o.as_dict() for n, o in outcomes.items()}, utilities
+class _PatchSets:
+    """Installs one cell's patch set at a time; switching sets undoes the previous one.
+
+    Patches are process-global: before a set is installed torch's attributes are
+    snapshotted (``harness.isolation``) and the patches module is imported afresh; the
+    next switch restores the snapshot. Install outcomes never raise.
+    """
+
+    def __init__(self, plan: LaunchPlan) -> None:
+        self.plan = plan
+        self.active: tuple[str, ...] = ()
+        self.snapshot: TorchSnapshot | None = None
+        self.installs: dict[str, dict[str, str]] = {}
+        self.utilities: dict[str, Any] = {}
+
+    def activate(self, names: tuple[str, ...]) -> tuple[dict[str, dict[str, str]], dict[str, Any]]:
+        if names == self.active:
+            return self.installs, self.utilities
+        if self.snapshot is not None:
+            self.snapshot.restore()
+            self.snapshot = None
+        self.active, self.installs, self.utilities = names, {}, {}
+        if names:
+            self.snapshot = TorchSnapshot.take()
+            forget_module(self.plan.patches_module)
+            self.installs, self.utilities = self._install(list(names))
+        return self.installs, self.utilities
+
+    def _install(self, names: list[str]) -> tuple[dict[str, dict[str, str]], dict[str, Any]]:
+        try:
+            module = load_patches_module(self.plan.patches_module)
+        except ValueError as e:
+            return {n: {"status": "error", "reason": f"patch install error: {e}"} for n in names}, {}
+        outcomes = install_patches(module, names, self.plan.patch_mapping)
+        utilities = {
+            n: resolve(module, n, self.plan.patch_mapping)
+            for n in names
+            if n in UTILITIES and outcomes[n].status != "error"
+        }
+        return {n: o.as_dict() for n, o in outcomes.items()}, utilities
 
 
 # -- one cell ---------------------------------------------------------------------------

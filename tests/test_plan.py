@@ -37,16 +37,30 @@ def test_patched_baseline_cells_get_every_patch_and_grouping():
     )
     patched_b = [c for c in cells if c.scenario == "b" and c.variant == "patched"]
     assert all(c.patches == ("p1",) for c in patched_b)
+    # default: one launch per (device, world size), vanilla first, each patch set together
     groups = group_into_launches(cells)
+    assert sorted(len(g) for g in groups) == [2, 2, 4]
     for g in groups:
+        assert len({(c.device, c.world_size) for c in g}) == 1
+        variants = [c.variant for c in g]
+        assert variants == sorted(variants, key=lambda v: v != "vanilla")
+    # process isolation: a launch per patch set too
+    for g in group_into_launches(cells, isolate="process"):
         assert len({(c.device, c.world_size, c.variant, c.patches) for c in g}) == 1
-    # a, b at world size 2 share one vanilla launch
-    assert any({c.scenario for c in g} == {"a", "b"} and g[0].variant == "vanilla" for g in groups)
+
+
+def test_risky_cells_run_last_in_a_launch():
+    from harness.spec import Expect
+
+    crashy = _s("crashy", world_sizes=(2,), expect=(Expect(status="crash"),))
+    cells = plan_cells([crashy, B], world_sizes=[2], devices=["cpu"], variants=["vanilla"], explicit_scenarios=False)
+    (group,) = group_into_launches(cells)
+    assert [c.scenario for c in group] == ["b", "crashy"]
 
 
 def test_launch_plan_roundtrip(tmp_path):
     cells = plan_cells([A], world_sizes=None, devices=["cpu"], variants=["patched"], explicit_scenarios=False)
-    plan = LaunchPlan(run_id="r", launch_id="l", device="cpu", world_size=1, variant="patched", patches=["p1"],
+    plan = LaunchPlan(run_id="r", launch_id="l", device="cpu", world_size=1,
                       patches_module="m", patch_mapping={}, out_path="o", progress_path="p", cells=cells)
     plan.dump(tmp_path / "p.json")
     assert LaunchPlan.load(str(tmp_path / "p.json")) == plan

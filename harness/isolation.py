@@ -1,0 +1,93 @@
+"""Undo process-global monkeypatches, so one launch can run several patch sets in turn.
+
+A patches module installs by assigning attributes: functions on torch's modules
+(``foreach_reduce``) and methods on its classes (``FSDPParamGroup.post_backward``).
+``TorchSnapshot`` records every attribute of the torch modules a patch may touch, and of
+the classes they define, and puts them back; the patches module itself is imported afresh
+for each patch set, so its own "already installed" state starts clean too.
+
+Scope: modules under ``torch.distributed``, ``torch.nn.utils`` and ``torch.optim``.
+A patch that changes anything else (C++ state, other packages) is not undone; give such
+a module a launch of its own (``--isolate process``).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+__all__ = ["SCOPES", "TorchSnapshot", "forget_module"]
+
+SCOPES = ("torch.distributed", "torch.nn.utils", "torch.optim")
+_MISSING = object()
+
+
+@dataclass
+class TorchSnapshot:
+    """Attributes of in-scope modules and their classes, as they were at ``take()``."""
+
+    modules: dict[str, dict[str, Any]] = field(default_factory=dict)
+    classes: list[tuple[type, dict[str, Any]]] = field(default_factory=list)
+
+    @classmethod
+    def take(cls) -> TorchSnapshot:
+        snap = cls()
+        seen: set[int] = set()
+        for name, module in list(sys.modules.items()):
+            if not isinstance(module, ModuleType) or not _in_scope(name):
+                continue
+            attrs = dict(vars(module))
+            snap.modules[name] = attrs
+            for value in attrs.values():
+                if isinstance(value, type) and _in_scope(getattr(value, "__module__", "") or "") and id(value) not in seen:
+                    seen.add(id(value))
+                    snap.classes.append((value, dict(vars(value))))
+        return snap
+
+    def changes(self) -> list[str]:
+        """Names whose value differs from the snapshot (what ``restore`` would undo)."""
+        out = []
+        for name, attrs in self.modules.items():
+            module = sys.modules.get(name)
+            if module is None:
+                continue
+            now = vars(module)
+            out += [f"{name}.{k}" for k, v in attrs.items() if now.get(k, _MISSING) is not v]
+            out += [f"{name}.{k}" for k in now.keys() - attrs.keys()]
+        for klass, attrs in self.classes:
+            now = vars(klass)
+            out += [f"{klass.__qualname__}.{k}" for k, v in attrs.items() if now.get(k, _MISSING) is not v]
+            out += [f"{klass.__qualname__}.{k}" for k in now.keys() - attrs.keys()]
+        return out
+
+    def restore(self) -> None:
+        for name, attrs in self.modules.items():
+            module = sys.modules.get(name)
+            if module is None:
+                continue
+            now = vars(module)
+            for k in list(now.keys() - attrs.keys()):
+                delattr(module, k)
+            for k, v in attrs.items():
+                if now.get(k, _MISSING) is not v:
+                    setattr(module, k, v)
+        for klass, attrs in self.classes:
+            now = vars(klass)
+            for k in list(now.keys() - attrs.keys()):
+                delattr(klass, k)
+            for k, v in attrs.items():
+                if now.get(k, _MISSING) is not v:
+                    setattr(klass, k, v)
+
+
+def forget_module(spec: str) -> None:
+    """Drop a patches module (and its submodules) from ``sys.modules`` so it imports afresh."""
+    for name in list(sys.modules):
+        if name == spec or name.startswith(spec + ".") or name.startswith("_fsdp_compat_patches_"):
+            del sys.modules[name]
+
+
+def _in_scope(name: str) -> bool:
+    return any(name == s or name.startswith(s + ".") for s in SCOPES)
