@@ -42,6 +42,12 @@ def _parser() -> argparse.ArgumentParser:
     _add_run_args(run)
     run.set_defaults(func=_cmd_run)
 
+    rp = sub.add_parser("repro", help="reproduce one cell here; --export writes a standalone script")
+    from harness.repro import add_repro_args, cmd_repro
+
+    add_repro_args(rp)
+    rp.set_defaults(func=cmd_repro)
+
     rep = sub.add_parser("report", help="build reports/compat.{md,html,csv} from records")
     rep.add_argument("--records", nargs="+", default=["runs"], help="record files or folders")
     rep.add_argument("--out", default="reports")

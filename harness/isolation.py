@@ -33,6 +33,7 @@ class TorchSnapshot:
 
     @classmethod
     def take(cls) -> TorchSnapshot:
+        _preload()
         snap = cls()
         seen: set[int] = set()
         for name, module in list(sys.modules.items()):
@@ -87,6 +88,34 @@ def forget_module(spec: str) -> None:
     for name in list(sys.modules):
         if name == spec or name.startswith(spec + ".") or name.startswith("_fsdp_compat_patches_"):
             del sys.modules[name]
+
+
+#: Imported before a snapshot, so a patch cannot change a module the snapshot missed.
+PRELOAD = (
+    "torch.distributed.fsdp",
+    "torch.distributed.fsdp._fully_shard",
+    "torch.distributed._composable.fsdp",
+    "torch.distributed.tensor",
+    "torch.distributed.device_mesh",
+    "torch.nn.utils",
+    "torch.optim",
+)
+
+
+def _preload() -> None:
+    import importlib
+    import pkgutil
+
+    for name in PRELOAD:
+        try:
+            package = importlib.import_module(name)
+        except ImportError:
+            continue
+        for info in pkgutil.iter_modules(getattr(package, "__path__", []) or []):
+            try:
+                importlib.import_module(f"{name}.{info.name}")
+            except Exception:  # optional pieces (e.g. needing an accelerator) may fail to import
+                continue
 
 
 def _in_scope(name: str) -> bool:

@@ -11,7 +11,14 @@ from pathlib import Path
 
 from harness.spec import Scenario
 
-__all__ = ["load_scenarios", "select"]
+__all__ = ["load_scenarios", "module_of", "select"]
+
+_MODULE_OF: dict[str, str] = {}
+
+
+def module_of(name: str) -> str:
+    """The module that defines scenario ``name`` (after ``load_scenarios``)."""
+    return _MODULE_OF[name]
 
 
 def load_scenarios(extra_dirs: list[str] | None = None) -> dict[str, Scenario]:
@@ -56,6 +63,7 @@ def _collect(module, found: dict[str, Scenario]) -> None:
         if s.name in found:
             raise ValueError(f"duplicate scenario name {s.name!r} in {module.__name__}")
         found[s.name] = s
+        _MODULE_OF[s.name] = module.__name__
 
 
 def select(all_scenarios: dict[str, Scenario], names: list[str] | None) -> list[Scenario]:

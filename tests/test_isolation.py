@@ -9,9 +9,11 @@ from tests.conftest import ROOT
 
 def test_snapshot_restores_torch_and_reinstall_is_fresh():
     script = textwrap.dedent('''
-        import importlib
-        from torch.distributed.fsdp._fully_shard import _fsdp_collectives, _fsdp_param_group
+        import importlib, sys
         from harness.isolation import TorchSnapshot, forget_module
+        assert "torch.distributed.fsdp._fully_shard._fsdp_param" not in sys.modules  # snapshot must load it
+        snap0 = TorchSnapshot.take()
+        from torch.distributed.fsdp._fully_shard import _fsdp_collectives, _fsdp_param_group
         from harness.patching import install_patches, load_patches_module
 
         names = ["unused_param_reduction", "uniform_reduce_dtype", "accumulated_grad_guard",
