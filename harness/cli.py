@@ -63,12 +63,17 @@ def _add_run_args(run: argparse.ArgumentParser) -> None:
     run.add_argument("--out", default=None, help="records file (JSON lines, appended); default runs/<run id>.jsonl")
     run.add_argument("--patches", default="fsdp_patches", help="patches module under test: dotted name or .py path")
     run.add_argument("--patch-map", action="append", default=[], metavar="NAME=FUNC", help="map a patch name to a function of the module")
-    run.add_argument("--timeout", type=float, default=None, help="per-cell timeout in seconds (default: the scenario's)")
+    run.add_argument("--timeout", type=float, default=None, help="per-cell timeout in seconds for scenarios that set none (default 30)")
     run.add_argument("--scenarios-dir", action="append", default=[], help="extra folder of scenario files")
     run.add_argument("--isolate", choices=["snapshot", "process"], default="snapshot",
                      help="patch sets share a launch and are undone in turn (snapshot), or get launches of their own")
     run.add_argument("--dump", default=None, help="save each judged cell's observed tensors in this folder")
     run.add_argument("--quiet", action="store_true", help="no progress lines")
+    node = run.add_argument_group("multi-node (passed to torchrun; run the same command on every node)")
+    node.add_argument("--nnodes", type=int, default=1)
+    node.add_argument("--node-rank", type=int, default=0)
+    node.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT")
+    node.add_argument("--run-id", default=None, help="the same on every node (default: a timestamp)")
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
@@ -112,7 +117,8 @@ def run_from_args(args: argparse.Namespace) -> list[dict[str, Any]]:
     )
     if not cells:
         raise ValueError("nothing to run: no scenario supports the chosen world sizes and devices")
-    run_id = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    _check_nodes(args, cells)
+    run_id = args.run_id or datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     out = Path(args.out) if args.out else Path("runs") / f"{run_id}.jsonl"
     progress = _Progress(total=len(cells), quiet=args.quiet)
     opts = LaunchOptions(
@@ -125,11 +131,25 @@ def run_from_args(args: argparse.Namespace) -> list[dict[str, Any]]:
         on_record=progress,
         dump_dir=Path(args.dump) if args.dump else None,
         isolate=args.isolate,
-        rdzv_args=getattr(args, "rdzv_args", None) or [],
+        nnodes=args.nnodes,
+        node_rank=args.node_rank,
+        rdzv_endpoint=args.rdzv_endpoint,
     )
     if not args.quiet:
         print(f"{len(cells)} cells -> {out}", flush=True)
     return run_cells(cells, scenarios, opts)
+
+
+def _check_nodes(args: argparse.Namespace, cells) -> None:
+    if args.nnodes < 1 or not 0 <= args.node_rank < args.nnodes:
+        raise ValueError(f"--node-rank must be in [0, {args.nnodes}) with --nnodes {args.nnodes}")
+    if args.nnodes == 1:
+        return
+    if not args.rdzv_endpoint or not args.run_id:
+        raise ValueError("multi-node runs need --rdzv-endpoint HOST:PORT and the same --run-id on every node")
+    for c in cells:
+        if c.world_size % args.nnodes:
+            raise ValueError(f"world size {c.world_size} is not divisible by --nnodes {args.nnodes} (cell {c.label})")
 
 
 def _parse_mapping(items: list[str]) -> dict[str, str]:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import record
+from harness.gpus import gpu_slice, skip_reason, visible_gpus, worker_slot
 from harness.plan import Cell, LaunchPlan, group_into_launches
 from harness.spec import Expect, Scenario
 
@@ -46,8 +47,12 @@ class LaunchOptions:
     #: save each passing-or-mismatching cell's observed tensors here (``torch.save``)
     dump_dir: Path | None = None
     python: str = sys.executable
-    #: extra torchrun arguments replacing ``--standalone`` (multi-node: --nnodes, --node-rank, --rdzv-endpoint ...)
-    rdzv_args: list[str] = field(default_factory=list)
+    #: multi-node: every node runs this launcher with the same cells and ``run_id``; node 0
+    #: (global rank 0) writes the records. Launches are not repeated across nodes: after a
+    #: hang or crash node 0 records the cells that did not run.
+    nnodes: int = 1
+    node_rank: int = 0
+    rdzv_endpoint: str | None = None
     #: "snapshot": patch sets share a launch and are undone in turn; "process": a launch per set
     isolate: str = "snapshot"
     grace_s: float = 5.0
@@ -64,16 +69,35 @@ def run_cells(cells: list[Cell], scenarios: dict[str, Scenario], opts: LaunchOpt
     records: list[dict[str, Any]] = []
     counter = 0
     for group in group_into_launches(cells, isolate=opts.isolate):
+        first = group[0]
+        env: dict[str, str] = {}
+        if first.device == "cuda":
+            gpus = gpu_slice(visible_gpus(), *worker_slot(), first.world_size // opts.nnodes)
+            reason = skip_reason("cuda", first.world_size // opts.nnodes, gpus)
+            if reason is not None:
+                for cell in group:
+                    _accept(_skip_record(cell, scenarios, opts, reason), records, opts)
+                continue
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
         remaining = group
         while remaining:
             counter += 1
-            launch_id = f"{opts.run_id}-L{counter}-{uuid.uuid4().hex[:6]}"
-            remaining = _launch(remaining, scenarios, opts, launch_id, records)
+            # every node must derive the same launch id (it prefixes the store keys)
+            suffix = "" if opts.nnodes > 1 else f"-{uuid.uuid4().hex[:6]}"
+            launch_id = f"{opts.run_id}-L{counter}{suffix}"
+            remaining = _launch(remaining, scenarios, opts, launch_id, records, env)
+            if opts.nnodes > 1:
+                if opts.node_rank == 0:
+                    for cell in remaining:
+                        msg = "not run: the multi-node launch ended before this cell (no relaunch across nodes)"
+                        _accept(_outside_record(cell, scenarios, opts, "error", msg, None, time.time(), None), records, opts)
+                remaining = []
     return records
 
 
 def _launch(
-    cells: list[Cell], scenarios: dict[str, Scenario], opts: LaunchOptions, launch_id: str, records: list
+    cells: list[Cell], scenarios: dict[str, Scenario], opts: LaunchOptions, launch_id: str, records: list,
+    extra_env: dict[str, str],
 ) -> list[Cell]:
     """One torchrun over ``cells``; returns the cells still to run."""
     first = cells[0]
@@ -95,11 +119,14 @@ def _launch(
     Path(plan.progress_path).write_text("")
     log_path = opts.log_dir / f"{launch_id}.log"
     offset = opts.out_path.stat().st_size
-    proc = _start(plan, plan_path, log_path, opts)
+    proc = _start(plan, plan_path, log_path, opts, extra_env)
     watch = _Watch(plan=plan, out_path=opts.out_path, offset=offset)
     by_index = {c.index: c for c in cells}
     launch_t0 = time.time()
     killed_for: Cell | None = None
+    if opts.node_rank != 0:
+        proc.wait()  # rank 0 (on node 0) judges and records; this node only hosts ranks
+        return []
     while True:
         exited = proc.poll() is not None
         for rec in watch.new_records():
@@ -133,29 +160,35 @@ def _launch(
         if cell.index in done:
             continue
         exc_type, msg, rank = _crash_cause(log_path)
-        rec = _outside_record(cell, scenarios, opts, "crash", msg, rank, watch.start_time(cell.index), log_path)
-        rec["exc_type"] = exc_type
+        rec = _outside_record(cell, scenarios, opts, "crash", msg, rank, watch.start_time(cell.index), log_path,
+                              exc_type=exc_type)
         _accept(rec, records, opts)
         done.add(cell.index)
     if not started:
         # The launch never reached a cell: record why once for all of them, do not loop.
         exc_type, msg, _ = _crash_cause(log_path)
         for cell in cells:
-            rec = _outside_record(cell, scenarios, opts, "error", f"launch failed before the cell: {msg}", None, time.time(), log_path)
-            rec["exc_type"] = exc_type
+            rec = _outside_record(cell, scenarios, opts, "error", f"launch failed before the cell: {msg}", None,
+                                  time.time(), log_path, exc_type=exc_type)
             _accept(rec, records, opts)
         return []
     return [c for c in cells if c.index not in done]
 
 
-def _start(plan: LaunchPlan, plan_path: Path, log_path: Path, opts: LaunchOptions) -> subprocess.Popen:
-    rdzv = opts.rdzv_args or ["--standalone"]
+def _start(
+    plan: LaunchPlan, plan_path: Path, log_path: Path, opts: LaunchOptions, extra_env: dict[str, str]
+) -> subprocess.Popen:
+    if opts.nnodes > 1:
+        assert opts.rdzv_endpoint, "multi-node runs need a rendezvous endpoint"
+        rdzv = ["--nnodes", str(opts.nnodes), "--node-rank", str(opts.node_rank), "--rdzv-endpoint", opts.rdzv_endpoint]
+    else:
+        rdzv = ["--standalone"]
     cmd = [
         opts.python, "-m", "torch.distributed.run", *rdzv,
-        "--nproc-per-node", str(plan.world_size),
+        "--nproc-per-node", str(plan.world_size // opts.nnodes),
         "-m", "harness.worker", "--plan", str(plan_path.resolve()),
     ]  # fmt: skip
-    env = dict(os.environ)
+    env = {**os.environ, **extra_env}
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("OMP_NUM_THREADS", "1")
     env["PYTHONPATH"] = os.pathsep.join([str(PROJECT_ROOT), *filter(None, [env.get("PYTHONPATH")])])
@@ -232,15 +265,22 @@ def _accept(rec: dict[str, Any], records: list, opts: LaunchOptions) -> None:
         opts.on_record(rec)
 
 
+def _skip_record(cell: Cell, scenarios: dict[str, Scenario], opts: LaunchOptions, reason: str) -> dict[str, Any]:
+    return _outside_record(cell, scenarios, opts, "skip", None, None, time.time(), None, reason=reason)
+
+
 def _outside_record(
     cell: Cell,
     scenarios: dict[str, Scenario],
     opts: LaunchOptions,
     status: str,
-    msg: str,
+    msg: str | None,
     rank: int | None,
     t0: float,
-    log_path: Path,
+    log_path: Path | None,
+    *,
+    reason: str | None = None,
+    exc_type: str | None = None,
 ) -> dict[str, Any]:
     """A record written by the launcher for a cell its launch could not finish."""
     scenario = scenarios.get(cell.scenario)
@@ -252,7 +292,11 @@ def _outside_record(
     )
     rec = record.base(cell, scenario, expect, cell.world_size, t0, run_id=opts.run_id, patches_module=opts.patches_module)
     rec.update(status=status, exc_msg=msg, failing_rank=rank, log=str(log_path), cell=cell.index, launch_id="launcher")
-    rec["traceback"] = _tail(log_path, 60)
+    rec["traceback"] = _tail(log_path, 60) if log_path is not None else None
+    if reason is not None:
+        rec["reason"] = reason
+    if exc_type is not None:
+        rec["exc_type"] = exc_type
     record.finish(rec, expect, t0)
     record.append(opts.out_path, rec)
     return rec

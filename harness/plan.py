@@ -13,6 +13,9 @@ from pathlib import Path
 
 from harness.spec import DEVICES, VARIANTS, Scenario
 
+#: per-cell timeout when neither the scenario nor the run sets one
+DEFAULT_TIMEOUT_S = 30.0
+
 __all__ = ["Cell", "LaunchPlan", "all_patch_names", "group_into_launches", "plan_cells"]
 
 
@@ -115,7 +118,7 @@ def plan_cells(
                             device=d,
                             backend=s.backend_for(d),
                             world_size=ws,
-                            timeout_s=timeout_s or s.timeout_s,
+                            timeout_s=s.timeout_s or timeout_s or DEFAULT_TIMEOUT_S,
                             patches=(tuple(s.patches) or baseline_patches) if v == "patched" else (),
                             risk=_risk(expected.status),
                         )

@@ -190,7 +190,8 @@ class Scenario:
     devices: tuple[str, ...] = DEVICES
     patches: tuple[str, ...] = ()
     expect: tuple[Expect, ...] = ()
-    timeout_s: float = 30.0
+    #: per-cell timeout; ``None`` takes the run's (``--timeout``, matrix.yaml ``timeout_s``, else 30 s)
+    timeout_s: float | None = None
     seed: int = 0
 
     def __post_init__(self) -> None:

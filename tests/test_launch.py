@@ -42,3 +42,43 @@ def test_hang_abort_and_error_are_classified_and_later_cells_run(tmp_path):
     lines = (tmp_path / "r.jsonl").read_text().splitlines()
     assert len(lines) == 4
     assert wall < 4 * timeout + 60
+
+
+def test_two_launchers_act_as_two_nodes(tmp_path):
+    """--nnodes/--node-rank/--rdzv-endpoint pass through to torchrun; node 0 records."""
+    import json
+    import socket
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    common = ["--scenario", "plain", "--scenario", "hsdp", "--world-size", "2", "--variant", "vanilla",
+              "--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{port}", "--run-id", "two-nodes", "--quiet"]
+    procs = [
+        subprocess.Popen([sys.executable, "-m", "harness", "run", *common, "--node-rank", str(k),
+                          "--out", str(tmp_path / f"node{k}.jsonl")], cwd=ROOT,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for k in (1, 0)
+    ]
+    outputs = [p.communicate(timeout=240)[0] for p in procs]
+    assert procs[1].returncode == 0, outputs[1]
+    records = [json.loads(line) for line in (tmp_path / "node0.jsonl").read_text().splitlines()]
+    assert sorted((r["scenario"], r["world_size"], r["status"]) for r in records) == [
+        ("hsdp", 2, "pass"), ("plain", 2, "pass")]
+    assert (tmp_path / "node1.jsonl").read_text() == ""  # only global rank 0 writes records
+
+
+def test_multi_node_needs_endpoint_and_run_id():
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    out = subprocess.run([sys.executable, "-m", "harness", "run", "--scenario", "plain", "--world-size", "2",
+                          "--nnodes", "2"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert out.stderr.strip() == "error: multi-node runs need --rdzv-endpoint HOST:PORT and the same --run-id on every node"
