@@ -19,7 +19,7 @@ import nox
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 
-from harness.envs import torch_install_args, write_overrides  # noqa: E402
+from harness.envs import torch_install_args  # noqa: E402
 from harness.matrix import load_matrix  # noqa: E402
 
 nox.options.reuse_existing_virtualenvs = True
@@ -36,8 +36,7 @@ def matrix(session: nox.Session, torch: str, device: str) -> None:
     dev = MATRIX.device(device)
     if device == "cuda" and not _gpu_visible():
         session.skip("no GPU visible on this machine (nvidia-smi finds none)")
-    overrides = write_overrides(Path(session.virtualenv.location) / ".fsdp-compat")
-    session.install(*torch_install_args(torch, device, overrides))
+    session.install(*torch_install_args(torch, device, Path(session.virtualenv.location) / ".fsdp-compat"))
     session.run(
         "python", "-c",
         "import sys, torch; v = torch.__version__.split('+')[0]; "
@@ -83,6 +82,51 @@ def report(session: nox.Session) -> None:
     records = session.posargs or [str(RUNS)]
     session.run("python", "-m", "harness.report", "--records", *records, "--out", str(ROOT / "reports"),
                 env={"PYTHONPATH": str(ROOT)})
+
+
+def _torch_env(session: nox.Session, torch: str, device: str) -> str:
+    """A uv venv for ``torch`` (shared with the matrix cell's, so it is usually there); its python."""
+    slug = torch.replace(".", "-")
+    venv = ROOT / ".nox" / f"matrix-torch-{slug}-device-{device}"
+    python = venv / "bin" / "python"
+    if not python.exists():
+        session.run("uv", "venv", "-q", "-p", "3.11", str(venv), external=True)
+    session.run("uv", "pip", "install", "-q", "-p", str(python), *torch_install_args(torch, device, venv / ".fsdp-compat"),
+                external=True)
+    return str(python)
+
+
+@nox.session(python=False)
+def repro(session: nox.Session) -> None:
+    """Reproduce one cell on a given torch: nox -s repro -- SCENARIO --torch 2.12.1 [--world-size 2] [...]."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="nox -s repro --")
+    parser.add_argument("--torch", required=True)
+    parser.add_argument("--device", default="cpu")
+    known, rest = parser.parse_known_args(session.posargs)
+    python = _torch_env(session, known.torch, known.device)
+    session.run(python, "-m", "harness", "repro", *rest, "--device", known.device, env={"PYTHONPATH": str(ROOT)},
+                external=True)
+
+
+#: world-size-1 cells where the GPU matters: bf16 compute on cuda (B, C) and grads
+#: offloaded to the host while the group serves cuda (F: NCCL-only norm, G: scaling)
+GPU_SMOKE = ["b1_mixed_dtype_unused_api", "b2_mixed_dtype_late_param", "c_skipped_vision_tower",
+             "f_offload_clip_nccl_only", "f_offload_clip_mixed_backend", "g_offload_grad_scaling"]
+
+
+@nox.session(name="gpu-smoke", python=False)
+def gpu_smoke(session: nox.Session) -> None:
+    """Single-GPU smoke test: nox -s gpu-smoke -- OUTDIR (records in OUTDIR/gpu-smoke.jsonl)."""
+    if not session.posargs:
+        session.error("usage: nox -s gpu-smoke -- OUTDIR")
+    out = Path(session.posargs[0])
+    out.mkdir(parents=True, exist_ok=True)
+    args = ["--device", "cuda", "--world-size", "1", "--out", str(out / "gpu-smoke.jsonl"), "--timeout", "120"]
+    for name in GPU_SMOKE:
+        args += ["--scenario", name]
+    session.run(sys.executable, "-m", "harness", "run", *args, env={"PYTHONPATH": str(ROOT)}, external=True)
 
 
 @nox.session

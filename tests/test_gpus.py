@@ -48,3 +48,20 @@ def test_backend_per_device_from_scenarios():
     assert s["f_offload_clip_nccl_only"].backend_for("cuda") == "nccl"
     assert s["f_offload_clip_mixed_backend"].backend_for("cuda") == "cpu:gloo,cuda:nccl"
     assert s["f_offload_clip_nccl_only"].norm_group_backend == {"cpu": "cuda:gloo"}
+
+
+def test_gpu_smoke_cells_exist_at_world_size_1_on_cuda():
+    import importlib.util
+
+    from harness.registry import load_scenarios
+    from tests.conftest import ROOT
+
+    spec = importlib.util.spec_from_file_location("noxfile_under_test", ROOT / "noxfile.py")
+    noxfile = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(noxfile)
+    scenarios = load_scenarios()
+    for name in noxfile.GPU_SMOKE:
+        assert 1 in scenarios[name].world_sizes and "cuda" in scenarios[name].devices, name
+    # the wrong-device scaling error is the documented vanilla outcome on cuda
+    g = scenarios["g_offload_grad_scaling"]
+    assert g.expected(variant="vanilla", torch_version="2.13.0", device="cuda", world_size=1).status == "error"
