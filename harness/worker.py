@@ -36,7 +36,7 @@ from harness.plan import Cell, LaunchPlan
 from harness.reference import quirks_for, run_reference
 from harness.registry import load_scenarios
 from harness.snapshot import StepSnapshot
-from harness.spec import Ctx, Expect, Scenario
+from harness.spec import Scenario
 
 __all__ = ["main"]
 

@@ -5,7 +5,6 @@
 scaler is on the CPU too, so this cell checks the numbers only.
 """
 
-import torch
 
 from harness.spec import Expect, Scenario, Sharding, accumulate
 from scenarios._models import MLP, randn_batch

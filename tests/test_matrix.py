@@ -1,5 +1,4 @@
 import pytest
-import yaml
 
 from harness.matrix import load_matrix, parse_matrix
 from tests.conftest import ROOT

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from harness.reference import run_reference
-from harness.spec import Ctx, MicroBatch, Optim, Scenario, accumulate
+from harness.spec import Ctx, Optim, Scenario, accumulate
 from tests.conftest import ROOT
 
 

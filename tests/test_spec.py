@@ -1,5 +1,4 @@
 import pytest
-import torch
 
 from harness.spec import Ctx, Expect, MicroBatch, Scenario, Sharding, accumulate, torch_release
 from scenarios._models import MLP, randn_batch
