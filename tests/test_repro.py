@@ -90,3 +90,15 @@ def test_missing_patch_function_is_recorded_not_a_crash(tmp_path):
     assert rec["status"] == "error"
     assert rec["exc_msg"].startswith("patch target missing: ")
     assert rec["patch_install"]["accumulated_grad_guard"]["status"] == "error"
+
+
+def test_scenario_written_from_a_users_snippet_reproduces_and_is_fixed(tmp_path):
+    out = tmp_path / "r.jsonl"
+    res = _cli("run", "--scenarios-dir", "tests/fixtures/user_scenarios", "--scenario", "user_captioner_text_first",
+               "--world-size", "1", "--out", str(out), "--quiet")
+    assert res.returncode == 0, res.stdout + res.stderr
+    records = {r["variant"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert records["vanilla"]["status"] == "error" and "_unsharded_param" in records["vanilla"]["exc_msg"]
+    assert records["patched"]["status"] == "pass"
+    listed = _cli("list", "--scenarios-dir", "tests/fixtures/user_scenarios").stdout
+    assert "user_captioner_text_first" in listed
