@@ -24,9 +24,10 @@ __all__ = ["GLOO_AVG_SUMS", "quirks_for", "run_reference"]
 
 #: Known backend behaviour the reference must model to judge anything else on that
 #: backend: before torch 2.9 FSDP2 reduce-scatters fp32/bf16 grads with ReduceOp.AVG,
-#: which gloo computes as a sum (grads come out ``world_size`` times too large on CPU).
-#: Cells judged under a quirk say so in their record (``reference_quirks``).
-GLOO_AVG_SUMS = "gloo reduce-scatter AVG sums (torch < 2.9): reference sums over ranks"
+#: which gloo computes as a sum over the shard group (HSDP's replicate all-reduce still
+#: averages, on 2.8; 2.7 rejects it). So grads come out ``shard size`` times too large on
+#: CPU. Cells judged under a quirk say so in their record (``reference_quirks``).
+GLOO_AVG_SUMS = "gloo reduce-scatter AVG sums (torch < 2.9): reference averages over the replicate dim only"
 
 
 def quirks_for(*, torch_version: str, backend: str) -> list[str]:
@@ -40,7 +41,9 @@ def quirks_for(*, torch_version: str, backend: str) -> list[str]:
 
 def run_reference(scenario: Scenario, world_size: int, *, quirks: list[str] | None = None) -> list[StepSnapshot]:
     """Replay ``scenario`` at ``world_size`` data-parallel ranks in this process."""
-    divisor = 1 if quirks and GLOO_AVG_SUMS in quirks else world_size
+    divisor = world_size
+    if quirks and GLOO_AVG_SUMS in quirks:
+        divisor = world_size // scenario.sharding.mesh_shape(world_size)[-1]
     torch.manual_seed(scenario.seed)
     model = scenario.model()
     named = dict(model.named_parameters())

@@ -84,3 +84,18 @@ def test_reference_never_touches_torch_distributed():
     out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert int(out.stdout.split()[-1]) >= 10
+
+
+def test_gloo_quirk_before_2_9_is_modelled_per_mesh_and_recorded():
+    from harness.reference import GLOO_AVG_SUMS, quirks_for
+    from harness.spec import Sharding
+
+    assert quirks_for(torch_version="2.8.0+cu128", backend="gloo") == [GLOO_AVG_SUMS]
+    assert quirks_for(torch_version="2.9.1", backend="gloo") == []
+    assert quirks_for(torch_version="2.8.0", backend="nccl") == []
+    s = Scenario(name="q", summary="", model=_linear, batch=lambda ctx: torch.ones(1, 3), forward=_dot_loss, steps=1)
+    mean = run_reference(s, 4)[0].grads["weight"]
+    summed = run_reference(s, 4, quirks=[GLOO_AVG_SUMS])[0].grads["weight"]
+    torch.testing.assert_close(summed, mean * 4)  # 1-D: the shard group sums
+    hsdp = s.replace(sharding=Sharding(replicate=2))
+    torch.testing.assert_close(run_reference(hsdp, 4, quirks=[GLOO_AVG_SUMS])[0].grads["weight"], mean * 2)
