@@ -97,5 +97,5 @@ def test_gloo_quirk_before_2_9_is_modelled_per_mesh_and_recorded():
     mean = run_reference(s, 4)[0].grads["weight"]
     summed = run_reference(s, 4, quirks=[GLOO_AVG_SUMS])[0].grads["weight"]
     torch.testing.assert_close(summed, mean * 4)  # 1-D: the shard group sums
-    hsdp = s.replace(sharding=Sharding(replicate=2))
+    hsdp = s.replace(sharding=Sharding(replicate=2), world_sizes=(2, 4))
     torch.testing.assert_close(run_reference(hsdp, 4, quirks=[GLOO_AVG_SUMS])[0].grads["weight"], mean * 2)
