@@ -65,6 +65,7 @@ def base(cell, scenario, expect, world_size: int, t0: float, *, run_id: str, pat
         "patches_module": patches_module,
         "patches": list(scenario.patches) if scenario is not None else [],
         "installed_patches": list(cell.patches),
+        "bug_observable": cell.device in scenario.bug_devices if scenario is not None else True,
         "patch_install": {},
         "torch": info["torch"],
         "torch_git": info["torch_git"],

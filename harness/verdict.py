@@ -269,6 +269,8 @@ def judge(
 ) -> CellVerdict:
     """Verdict for one cell; ``patches`` defaults to the union of the records' lists."""
     kind = scenario_kind(_patches_of(vanilla, patched) if patches is None else patches)
+    if any(r is not None and r.get("bug_observable") is False for r in (vanilla, patched)):
+        kind = BASELINE  # the bug cannot show on this device: a pass says nothing about the patch
     v_class = outcome(vanilla, variant="vanilla")
     p_class = outcome(patched, variant="patched")
     rule = match_rule(kind=kind, vanilla=v_class, patched=p_class)

@@ -19,5 +19,6 @@ SCENARIO = Scenario(
     grad_scale=0.25,
     world_sizes=(1, 2, 4),
     patches=("scale_grads",),
+    bug_devices=("cuda",),
     expect=(Expect(status="error", devices=("cuda",), match="Expected all tensors to be on the same device"),),
 )

@@ -201,3 +201,12 @@ def test_patch_contributions(vanilla, patched, patches, contrib) -> None:
 )
 def test_combine_patch_statuses(statuses, combined) -> None:
     assert combine_patch_statuses(statuses) == combined
+
+
+def test_a_bug_that_cannot_show_on_the_device_is_ok_not_fixed_upstream():
+    from harness.verdict import FIXED_UPSTREAM, OK, judge
+
+    base = {"status": "pass", "as_expected": True, "patches": ["scale_grads"]}
+    assert judge(dict(base), dict(base)).verdict == FIXED_UPSTREAM
+    hidden = {**base, "bug_observable": False}
+    assert judge(dict(hidden), dict(hidden)).verdict == OK
