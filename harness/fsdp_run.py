@@ -35,13 +35,7 @@ def train(
     mesh = _mesh(scenario, cell, world)
     model = build_model(scenario, mesh, cell.device)
     named = dict(model.named_parameters())
-    opt = torch.optim.AdamW(
-        named.values(),
-        lr=scenario.optimizer.lr,
-        betas=scenario.optimizer.betas,
-        eps=scenario.optimizer.eps,
-        weight_decay=scenario.optimizer.weight_decay,
-    )
+    opt = scenario.optimizer.build(named.values())
     gather = _Gatherer(world=world)
     snapshots = []
     for step in range(scenario.steps):

@@ -16,12 +16,12 @@ A mapping (``{"uniform_reduce_dtype": "my_widen_patch"}``) overrides the lookup.
 from __future__ import annotations
 
 import importlib
-import importlib.util
-import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+
+from harness.spec import import_file
 
 __all__ = [
     "DEFAULT_MODULE",
@@ -56,17 +56,9 @@ def load_patches_module(spec: str) -> ModuleType:
         path = Path(spec).resolve()
         if not path.is_file():
             raise ValueError(f"patches module file not found: {spec}")
-        name = f"_fsdp_compat_patches_{path.stem}"
-        if name in sys.modules:
-            return sys.modules[name]
-        loader_spec = importlib.util.spec_from_file_location(name, path)
-        assert loader_spec is not None and loader_spec.loader is not None
-        module = importlib.util.module_from_spec(loader_spec)
-        sys.modules[name] = module
         try:
-            loader_spec.loader.exec_module(module)
+            module = import_file(path, f"_fsdp_compat_patches_{path.stem}")
         except Exception as e:  # a broken module is the user's input, not our crash
-            del sys.modules[name]
             raise ValueError(f"patches module {spec} failed to import: {_first_line(e)}") from e
         return module
     try:

@@ -47,13 +47,7 @@ def run_reference(scenario: Scenario, world_size: int, *, quirks: list[str] | No
     torch.manual_seed(scenario.seed)
     model = scenario.model()
     named = dict(model.named_parameters())
-    opt = torch.optim.AdamW(
-        named.values(),
-        lr=scenario.optimizer.lr,
-        betas=scenario.optimizer.betas,
-        eps=scenario.optimizer.eps,
-        weight_decay=scenario.optimizer.weight_decay,
-    )
+    opt = scenario.optimizer.build(named.values())
     snapshots = []
     for step in range(scenario.steps):
         for k, micro_batch in enumerate(scenario.schedule):

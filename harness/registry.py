@@ -6,10 +6,9 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import pkgutil
-import sys
 from pathlib import Path
 
-from harness.spec import Scenario
+from harness.spec import Scenario, import_file
 
 __all__ = ["load_scenarios", "module_of", "select"]
 
@@ -37,20 +36,8 @@ def load_scenarios(extra_dirs: list[str] | None = None) -> dict[str, Scenario]:
         for file in sorted(path.glob("*.py")):
             if file.name.startswith("_"):
                 continue
-            _collect(_import_file(file), found)
+            _collect(import_file(file, f"_fsdp_compat_user_scenarios.{file.stem}"), found)
     return found
-
-
-def _import_file(file: Path):
-    name = f"_fsdp_compat_user_scenarios.{file.stem}"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, file)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def _collect(module, found: dict[str, Scenario]) -> None:

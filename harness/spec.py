@@ -30,6 +30,7 @@ __all__ = [
     "STATUSES",
     "accumulate",
     "default_forward",
+    "import_file",
     "torch_release",
 ]
 
@@ -103,6 +104,9 @@ class Optim:
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
 
+    def build(self, params) -> torch.optim.AdamW:
+        return torch.optim.AdamW(params, lr=self.lr, betas=self.betas, eps=self.eps, weight_decay=self.weight_decay)
+
 
 @dataclass(kw_only=True, frozen=True)
 class Clip:
@@ -150,6 +154,26 @@ class Expect:
 def torch_release(version: str) -> Version:
     """``2.13.0+cpu`` -> ``Version('2.13.0')`` (local labels and pre-release tags dropped)."""
     return Version(Version(version).base_version)
+
+
+def import_file(path, name: str):
+    """Import a ``.py`` file as module ``name`` (cached in ``sys.modules``); a failing
+    import leaves no half-initialized module behind."""
+    import importlib.util
+    import sys
+
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
 
 
 def default_forward(model: nn.Module, batch: torch.Tensor, ctx: Ctx) -> torch.Tensor:
