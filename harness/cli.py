@@ -174,7 +174,7 @@ class _Progress:
         detail = rec.get("exc_msg") or rec.get("worst") or rec.get("reason") or ""
         label = f"{rec['scenario']}[{rec['variant']},{rec['device']},w{rec['world_size']}]"
         print(
-            f"[{self.n}/{self.total} {time.time() - self.t0:5.1f}s] {label:<52} {rec['status']:<8} "
+            f"[{self.n}/{self.total}, {self.total - self.n} left, {time.time() - self.t0:5.1f}s] {label:<52} {rec['status']:<8} "
             f"{rec.get('duration_s') or 0:5.2f}s  {str(detail)[:90]}{flag}",
             flush=True,
         )
