@@ -1,0 +1,57 @@
+"""Process-global monkeypatches for PyTorch FSDP2 (``fully_shard``), torch 2.7 .. 2.15.
+
+Each ``patch_fsdp_*`` function takes no arguments, is idempotent (a second call finds
+its marked wrapper and returns "already-installed"), picks its implementation by
+feature detection first and torch version second, and returns "not-applicable" with a
+reason instead of raising where its target is gone or the bug is fixed natively.
+
+* ``patch_fsdp_unused_param_reduction`` (bug A): ranks that use different parameters.
+* ``patch_fsdp_uniform_reduce_dtype`` (bug B): mixed grad dtypes in one reduce-scatter.
+* ``patch_fsdp_accumulated_grad_guard`` (bug C): a unit that never ran forward.
+* ``patch_fsdp_restore_unused_param_grads`` (bug E): no rank used a parameter.
+
+``apply_all`` installs the four in a working order (A before E). The gradient
+utilities ``clip_grad_norm_``, ``get_total_grad_norm`` and ``scale_grads_`` (bugs F, G,
+H) are re-exported from ``fsdp_patches.grads``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ._compat import PatchResult
+from .accumulated_grad import patch_fsdp_accumulated_grad_guard
+from .grads import clip_grad_norm_, get_total_grad_norm, scale_grads_
+from .reduce_dtype import patch_fsdp_uniform_reduce_dtype
+from .unused_params import (
+    patch_fsdp_restore_unused_param_grads,
+    patch_fsdp_unused_param_reduction,
+)
+
+__all__ = [
+    "PATCHES",
+    "PatchResult",
+    "apply_all",
+    "clip_grad_norm_",
+    "get_total_grad_norm",
+    "patch_fsdp_accumulated_grad_guard",
+    "patch_fsdp_restore_unused_param_grads",
+    "patch_fsdp_uniform_reduce_dtype",
+    "patch_fsdp_unused_param_reduction",
+    "scale_grads_",
+]
+
+#: Short patch name -> install function, in the order ``apply_all`` uses.
+PATCHES: dict[str, Callable[[], PatchResult]] = {
+    "unused_param_reduction": patch_fsdp_unused_param_reduction,
+    "uniform_reduce_dtype": patch_fsdp_uniform_reduce_dtype,
+    "accumulated_grad_guard": patch_fsdp_accumulated_grad_guard,
+    "restore_unused_param_grads": patch_fsdp_restore_unused_param_grads,
+}
+
+
+def apply_all() -> dict[str, PatchResult]:
+    """Install every patch (A, B, C, then E, which sits around A) and return the results."""
+    results = {name: install() for name, install in PATCHES.items()}
+    assert list(results) == list(PATCHES)
+    return results
