@@ -139,4 +139,4 @@ def bench(session: nox.Session) -> None:
 @nox.session
 def lint(session: nox.Session) -> None:
     session.install("ruff")
-    session.run("ruff", "check", "harness", "scenarios", "fsdp_patches", "tests", "noxfile.py")
+    session.run("ruff", "check", "harness", "scenarios", "fsdp_patches", "tests", "bench", "noxfile.py")
