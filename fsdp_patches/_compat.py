@@ -189,18 +189,26 @@ def mark_wrapper(wrapper: Callable[..., Any], original: Callable[..., Any], patc
     wrapper.__wrapped__ = original  # type: ignore[attr-defined]
 
 
+def _marker(obj: Any) -> str | None:
+    """``obj``'s patch marker; ``None`` also for objects whose ``getattr`` misbehaves."""
+    try:
+        return getattr(obj, PATCH_MARKER, None)
+    except Exception:
+        return None
+
+
 def _chain(obj: Any) -> Iterator[Any]:
     """``obj`` and everything below it through this project's wrappers."""
     while True:
         yield obj
-        if getattr(obj, PATCH_MARKER, None) is None:
+        if _marker(obj) is None:
             return
         obj = obj.__wrapped__
 
 
 def wrapper_in_chain(obj: Any, patch: str) -> bool:
     """Whether a wrapper of ``patch`` is anywhere in ``obj``'s chain of our wrappers."""
-    return any(getattr(link, PATCH_MARKER, None) == patch for link in _chain(obj))
+    return any(_marker(link) == patch for link in _chain(obj))
 
 
 def original_of(obj: Any) -> Any:
