@@ -103,7 +103,7 @@ OPTIONAL_FIELDS: Mapping[str, tuple[type, ...]] = {
     "reason": (str,),
     "env": (dict,),
 }
-ENV_FIELDS: tuple[str, ...] = ("python", "torch", "torch_build", "cuda", "gpu", "host", "platform")
+ENV_FIELDS: tuple[str, ...] = ("python", "torch", "torch_build", "cuda", "gpu", "host", "platform", "cpus")
 RECORD_COLUMNS: tuple[str, ...] = (
     *REQUIRED_FIELDS,
     *OPTIONAL_FIELDS,
@@ -424,7 +424,7 @@ def _date_range(stamps: Iterable[str]) -> str:
     return days[0] if days[0] == days[-1] else f"{days[0]} – {days[-1]}"
 
 
-ENV_LABELS: tuple[str, ...] = ("torch build", "python", "device name", "backend", "host", "date")
+ENV_LABELS: tuple[str, ...] = ("torch build", "python", "device name", "backend", "host", "machine", "date")
 
 
 def _env_column(group: pd.DataFrame) -> dict[str, str]:
@@ -435,8 +435,18 @@ def _env_column(group: pd.DataFrame) -> dict[str, str]:
         "device name": _joined(devices),
         "backend": _joined(group["backend"]),
         "host": _joined(group["env_host"]),
+        "machine": _joined(_machine(group)),
         "date": _date_range(group["started_at"]),
     }
+
+
+def _machine(group: pd.DataFrame) -> list[str]:
+    platform = group["env_platform"] if "env_platform" in group else [None] * len(group)
+    cpus = group["env_cpus"] if "env_cpus" in group else [None] * len(group)
+    return [
+        " ".join(part for part in (None if _blank(p) else str(p), None if _blank(c) else f"{int(c)} CPUs") if part)
+        for p, c in zip(platform, cpus)
+    ]
 
 
 def environment_table(latest: pd.DataFrame) -> pd.DataFrame:
