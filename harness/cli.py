@@ -68,6 +68,8 @@ def _add_run_args(run: argparse.ArgumentParser) -> None:
     run.add_argument("--isolate", choices=["snapshot", "process"], default="snapshot",
                      help="patch sets share a launch and are undone in turn (snapshot), or get launches of their own")
     run.add_argument("--dump", default=None, help="save each judged cell's observed tensors in this folder")
+    run.add_argument("--expect-torch", default=None, metavar="X.Y.Z",
+                     help="stop (exit 2) unless the installed torch is this release")
     run.add_argument("--quiet", action="store_true", help="no progress lines")
     node = run.add_argument_group("multi-node (passed to torchrun; run the same command on every node)")
     node.add_argument("--nnodes", type=int, default=1)
@@ -100,6 +102,8 @@ def run_from_args(args: argparse.Namespace) -> list[dict[str, Any]]:
     from harness.plan import all_patch_names, plan_cells
     from harness.registry import load_scenarios, select
 
+    if args.expect_torch:
+        _check_torch(args.expect_torch)
     scenarios = load_scenarios(args.scenarios_dir)
     chosen = select(scenarios, args.scenario)
     mapping = _parse_mapping(args.patch_map)
@@ -138,6 +142,16 @@ def run_from_args(args: argparse.Namespace) -> list[dict[str, Any]]:
     if not args.quiet:
         print(f"{len(cells)} cells -> {out}", flush=True)
     return run_cells(cells, scenarios, opts)
+
+
+def _check_torch(wanted: str) -> None:
+    from importlib.metadata import version
+
+    from harness.spec import torch_release
+
+    installed = version("torch")
+    if str(torch_release(installed)) != wanted:
+        raise ValueError(f"installed torch {installed} is not the requested {wanted}")
 
 
 def _check_nodes(args: argparse.Namespace, cells) -> None:

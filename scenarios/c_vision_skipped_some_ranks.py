@@ -22,7 +22,7 @@ SCENARIO = Scenario(
     schedule=accumulate(2),
     world_sizes=(2,),
     patches=("accumulated_grad_guard",),
-    timeout_s=15,
+    timeout_s=10,
     expect=(
         Expect(status=_FAILS, why="forward all-gathers desync: no patch can fix this"),
         Expect(status=_FAILS, variant="patched", why="forward all-gathers desync: no patch can fix this"),

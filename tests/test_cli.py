@@ -71,3 +71,9 @@ def test_exit_code_says_whether_outcomes_were_expected(tmp_path):
     assert records["fault_unexpected"]["status"] == "error" and not records["fault_unexpected"]["as_expected"]
     assert res.returncode == 1
     assert "UNEXPECTED" in res.stdout
+
+
+def test_expect_torch_refuses_a_different_release():
+    out = _cli("run", "--scenario", "plain", "--expect-torch", "2.1.0", timeout=60)
+    assert out.returncode == 2
+    assert out.stderr.startswith("error: installed torch ") and out.stderr.strip().endswith("is not the requested 2.1.0")
