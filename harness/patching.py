@@ -94,7 +94,7 @@ def install_patches(
         try:
             fn = resolve(module, name, mapping)
         except LookupError as e:
-            outcomes[name] = InstallOutcome(name=name, status="error", reason=str(e))
+            outcomes[name] = InstallOutcome(name=name, status="error", reason=f"patch install error: {e}")
             continue
         if name in UTILITIES:
             outcomes[name] = InstallOutcome(name=name, status="installed", reason=f"uses {fn.__name__}")

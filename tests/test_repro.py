@@ -88,7 +88,7 @@ def test_missing_patch_function_is_recorded_not_a_crash(tmp_path):
          "--patches", "tests/fixtures/third_party_patches.py", "--out", str(out), "--quiet")
     (rec,) = map(json.loads, out.read_text().splitlines())
     assert rec["status"] == "error"
-    assert rec["exc_msg"].startswith("patch target missing: ")
+    assert rec["exc_msg"].startswith("patch install error: patch target missing: ")
     assert rec["patch_install"]["accumulated_grad_guard"]["status"] == "error"
 
 
