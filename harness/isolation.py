@@ -47,40 +47,32 @@ class TorchSnapshot:
                     snap.classes.append((value, dict(vars(value))))
         return snap
 
+    def _targets(self):
+        """(label, object, attributes at snapshot time) for every module and class held."""
+        for name, attrs in self.modules.items():
+            module = sys.modules.get(name)
+            if module is not None:
+                yield name, module, attrs
+        for klass, attrs in self.classes:
+            yield klass.__qualname__, klass, attrs
+
     def changes(self) -> list[str]:
         """Names whose value differs from the snapshot (what ``restore`` would undo)."""
         out = []
-        for name, attrs in self.modules.items():
-            module = sys.modules.get(name)
-            if module is None:
-                continue
-            now = vars(module)
-            out += [f"{name}.{k}" for k, v in attrs.items() if now.get(k, _MISSING) is not v]
-            out += [f"{name}.{k}" for k in now.keys() - attrs.keys()]
-        for klass, attrs in self.classes:
-            now = vars(klass)
-            out += [f"{klass.__qualname__}.{k}" for k, v in attrs.items() if now.get(k, _MISSING) is not v]
-            out += [f"{klass.__qualname__}.{k}" for k in now.keys() - attrs.keys()]
+        for label, obj, attrs in self._targets():
+            now = vars(obj)
+            out += [f"{label}.{k}" for k, v in attrs.items() if now.get(k, _MISSING) is not v]
+            out += [f"{label}.{k}" for k in now.keys() - attrs.keys()]
         return out
 
     def restore(self) -> None:
-        for name, attrs in self.modules.items():
-            module = sys.modules.get(name)
-            if module is None:
-                continue
-            now = vars(module)
+        for _, obj, attrs in self._targets():
+            now = vars(obj)
             for k in list(now.keys() - attrs.keys()):
-                delattr(module, k)
+                delattr(obj, k)
             for k, v in attrs.items():
                 if now.get(k, _MISSING) is not v:
-                    setattr(module, k, v)
-        for klass, attrs in self.classes:
-            now = vars(klass)
-            for k in list(now.keys() - attrs.keys()):
-                delattr(klass, k)
-            for k, v in attrs.items():
-                if now.get(k, _MISSING) is not v:
-                    setattr(klass, k, v)
+                    setattr(obj, k, v)
 
 
 def forget_module(spec: str) -> None:
