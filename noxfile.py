@@ -76,8 +76,8 @@ def tests(session: nox.Session) -> None:
 def report(session: nox.Session) -> None:
     """Build reports/compat.{md,html,csv} from the matrix records."""
     session.install("pandas", "packaging")
-    records = session.posargs or [str(RUNS)]
-    session.run("python", "-m", "harness.report", "--records", *records, "--out", str(ROOT / "reports"),
+    records = session.posargs or [str(RUNS.relative_to(ROOT))]  # relative: the report names its sources
+    session.run("python", "-m", "harness.report", "--records", *records, "--out", "reports",
                 env={"PYTHONPATH": str(ROOT)})
 
 
