@@ -170,11 +170,14 @@ def _run_cell(
         observed, outcome = _train_guarded(cell, scenario, utilities, store, prefix, rank, world)
     store.set(f"{prefix}/status/{rank}", json.dumps(outcome.__dict__))
     abandon = not outcome.ok and not _all_reported(store, prefix, world, _PEER_GRACE_S)
+    if abandon and _shutdown_peer_sockets() and _all_reported(store, prefix, world, _PEER_GRACE_S):
+        # A peer was blocked in a collective waiting for this rank, and gloo does not close
+        # a failed group's sockets: shutting this process's collective sockets made it
+        # fail at once ("Connection closed by peer"), and the launch goes on.
+        abandon = False
     if abandon:
-        # Some peer is still blocked in a collective waiting for this rank, and gloo does
-        # not close a failed group's sockets; leaving the process does, so the peer fails
-        # at once instead of at the timeout. The launch then ends and the launcher
-        # relaunches for the remaining cells.
+        # Still blocked (a backend whose sockets did not unblock it): leaving the process
+        # does. The launch then ends and the launcher relaunches for the remaining cells.
         store.set(f"{prefix}/abandoned", str(rank))
         if rank != 0:
             _exit(0)
@@ -213,6 +216,41 @@ def _run_cell(
     record.append(plan.out_path, rec)
     store.set(f"{prefix}/recorded", "1")
     return not missing and not store.check([f"{prefix}/abandoned"])
+
+
+def _shutdown_peer_sockets() -> bool:
+    """Shut every TCP connection of this process except the one to torchrun's store.
+
+    The failed cell's process group is already aborted and destroyed, but its sockets
+    stay open while anything references it; a peer blocked in a collective on them then
+    waits for the timeout. Returns whether any socket was shut (Linux: /proc/self/fd).
+    """
+    import socket
+
+    store_port = int(os.environ.get("MASTER_PORT", "0"))
+    shut = False
+    try:
+        fds = [int(fd) for fd in os.listdir("/proc/self/fd")]
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if not os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+                continue
+            s = socket.socket(fileno=os.dup(fd))
+        except OSError:
+            continue
+        try:
+            if s.family in (socket.AF_INET, socket.AF_INET6) and s.type == socket.SOCK_STREAM:
+                peer = s.getpeername()
+                if peer[1] != store_port:
+                    s.shutdown(socket.SHUT_RDWR)
+                    shut = True
+        except OSError:
+            pass  # not connected (a listener) or already closed
+        finally:
+            s.close()  # closes the duplicate only
+    return shut
 
 
 def _all_reported(store: dist.Store, prefix: str, world: int, wait_s: float) -> bool:
