@@ -29,7 +29,7 @@ class Cell:
     world_size: int
     timeout_s: float
     patches: tuple[str, ...] = ()
-    #: 0 expected to finish cleanly, 1 expected to fail inside the cell, 2 may end the launch
+    #: 0 expected to finish cleanly, 1 to fail inside the cell, 2 may end the launch, 3 will
     risk: int = 0
 
     @property
@@ -156,7 +156,10 @@ def group_into_launches(cells: list[Cell], *, isolate: str = "snapshot") -> list
 
 
 def _risk(expected_status: str) -> int:
+    """3: certain to end the launch (a crash), 2: may end it, 1: fails inside the cell, 0: passes."""
     statuses = set(expected_status.split("|"))
+    if statuses == {"crash"}:
+        return 3
     if statuses & {"hang", "crash"}:
         return 2
     return 1 if "error" in statuses else 0

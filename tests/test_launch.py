@@ -17,7 +17,7 @@ def test_hang_abort_and_error_are_classified_and_later_cells_run(tmp_path):
     chosen = [scenarios[n] for n in ["fault_hang", "fault_abort", "fault_raise", "fault_after"]]
     cells = plan_cells(chosen, world_sizes=None, devices=["cpu"], variants=["vanilla"], explicit_scenarios=True)
     assert len({c.world_size for c in cells}) == 1  # one launch group: faults must not stop the rest
-    assert [c.risk for c in cells] == [2, 2, 1, 0]  # planned: hang/crash-prone cells would go last
+    assert [c.risk for c in cells] == [2, 3, 1, 0]  # planned: hang/crash-prone cells would go last
     for c in cells:
         c.risk = 0  # keep the file order here, so cells run after the hang and the abort
     opts = LaunchOptions(run_id="t", out_path=tmp_path / "r.jsonl", log_dir=tmp_path / "logs",
@@ -37,6 +37,8 @@ def test_hang_abort_and_error_are_classified_and_later_cells_run(tmp_path):
     error = by_name["fault_raise"]
     assert error["status"] == "error" and error["failing_rank"] == 1 and "planted failure" in error["exc_msg"]
     assert error["duration_s"] <= timeout  # the blocked peer fails fast, not at the timeout
+    # ... and the launch survives it: the next cell ran in the same torchrun
+    assert by_name["fault_after"]["launch_id"] == error["launch_id"] != "launcher"
     assert by_name["fault_after"]["status"] == "pass"
     # every record reached the file, in order
     lines = (tmp_path / "r.jsonl").read_text().splitlines()
