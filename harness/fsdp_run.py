@@ -17,6 +17,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
+from harness.norm_group import rehome
 from harness.plan import Cell
 from harness.snapshot import StepSnapshot
 from harness.spec import Ctx, Scenario
@@ -103,7 +104,7 @@ def _clip(scenario: Scenario, cell: Cell, named: dict[str, nn.Parameter], util: 
     assert clip is not None
     params = [p for p in named.values() if p.grad is not None]
     backend = scenario.norm_group_backend.get(cell.device)
-    restore = _rehome_grads(params, backend) if backend else None
+    restore = rehome(params, backend) if backend else None
     try:
         fn = util if util is not None else torch.nn.utils.clip_grad_norm_
         total = fn(params, clip.max_norm, clip.norm_type, foreach=clip.foreach)
@@ -113,18 +114,6 @@ def _clip(scenario: Scenario, cell: Cell, named: dict[str, nn.Parameter], util: 
     if isinstance(total, DTensor):
         total = total.full_tensor()
     return float(total)
-
-
-def _rehome_grads(params: list[nn.Parameter], backend: str):
-    """Put each sharded grad on an equivalent mesh whose group has only ``backend``.
-
-    Simulates an NCCL-only group on CPU (``cuda:gloo``): the local tensors stay where they
-    are (shared storage, so clipping in place still reaches the real grads).
-    Returns a function that puts the original grads back.
-    """
-    from harness.norm_group import rehome
-
-    return rehome(params, backend)
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
