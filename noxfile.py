@@ -75,9 +75,9 @@ def tests(session: nox.Session) -> None:
 @nox.session
 def report(session: nox.Session) -> None:
     """Build reports/compat.{md,html,csv} from the matrix records."""
-    session.install("pandas", "packaging")
+    session.install("pandas", "packaging", "tabulate", "jinja2")
     records = session.posargs or [str(RUNS.relative_to(ROOT))]  # relative: the report names its sources
-    session.run("python", "-m", "harness.report", "--records", *records, "--out", "reports",
+    session.run("python", "-m", "harness", "report", "--records", *records, "--out", "reports",
                 env={"PYTHONPATH": str(ROOT)})
 
 

@@ -1,18 +1,21 @@
-"""Command line: ``python -m harness list|run|report``.
+"""Command line: ``python -m harness list|run|repro|report``.
 
-Bad input (unknown scenario, unsupported world size, bad device, missing patches module)
-gets one line on stderr and exit code 2. ``run`` exits 1 when a cell's outcome is not
-the expected one, 0 otherwise.
+This module owns all argument parsing; the commands call plain functions. Bad input
+(unknown scenario, unsupported world size, bad device, missing patches module) gets one
+line on stderr and exit code 2. ``run`` and ``repro`` exit 1 when a cell's outcome is
+not the expected one, 0 otherwise.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import shlex
 import sys
 import time
 from pathlib import Path
-from typing import Any
+
+from harness.record import Record, RecordError
 
 __all__ = ["main"]
 
@@ -21,50 +24,47 @@ EXIT_USAGE = 2
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = _parser()
-    args = parser.parse_args(argv)
+    args = _parser().parse_args(argv)
     try:
         return args.func(args)
-    except ValueError as e:
+    except (ValueError, RecordError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
+
+
+# --------------------------------------------------------------------------- options
+
+
+def _scenario_options() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--scenarios-dir", action="append", default=[], help="extra folder of scenario files")
+    return p
+
+
+def _cell_options() -> argparse.ArgumentParser:
+    """What ``run`` and ``repro`` share: the patches module under test and the cell timeout."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--patches", default="fsdp_patches", help="patches module under test: dotted name or .py path")
+    p.add_argument("--patch-map", action="append", default=[], metavar="NAME=FUNC",
+                   help="map a patch name to a function of the module")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="per-cell timeout in seconds for scenarios that set none (default 30)")
+    return p
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m harness", description="FSDP2 patch compatibility harness")
     sub = p.add_subparsers(dest="command", required=True)
+    scen, cell = _scenario_options(), _cell_options()
 
-    ls = sub.add_parser("list", help="list the scenarios")
-    ls.add_argument("--scenarios-dir", action="append", default=[], help="extra folder of scenario files")
-    ls.set_defaults(func=_cmd_list)
+    sub.add_parser("list", parents=[scen], help="list the scenarios").set_defaults(func=_cmd_list)
 
-    run = sub.add_parser("run", help="run scenario cells under torchrun and judge them")
-    _add_run_args(run)
-    run.set_defaults(func=_cmd_run)
-
-    rp = sub.add_parser("repro", help="reproduce one cell here; --export writes a standalone script")
-    from harness.repro import add_repro_args, cmd_repro
-
-    add_repro_args(rp)
-    rp.set_defaults(func=cmd_repro)
-
-    rep = sub.add_parser("report", help="build reports/compat.{md,html,csv} from records")
-    rep.add_argument("--records", nargs="+", default=["runs"], help="record files or folders")
-    rep.add_argument("--out", default="reports")
-    rep.set_defaults(func=_cmd_report)
-    return p
-
-
-def _add_run_args(run: argparse.ArgumentParser) -> None:
+    run = sub.add_parser("run", parents=[scen, cell], help="run scenario cells under torchrun and judge them")
     run.add_argument("--scenario", action="append", default=[], help="scenario name (repeatable; default: all)")
     run.add_argument("--world-size", action="append", type=int, default=[], help="world size (repeatable)")
     run.add_argument("--device", action="append", default=[], help="cpu or cuda (repeatable; default cpu)")
     run.add_argument("--variant", action="append", default=[], help="vanilla or patched (repeatable; default both)")
     run.add_argument("--out", default=None, help="records file (JSON lines, appended); default runs/<run id>.jsonl")
-    run.add_argument("--patches", default="fsdp_patches", help="patches module under test: dotted name or .py path")
-    run.add_argument("--patch-map", action="append", default=[], metavar="NAME=FUNC", help="map a patch name to a function of the module")
-    run.add_argument("--timeout", type=float, default=None, help="per-cell timeout in seconds for scenarios that set none (default 30)")
-    run.add_argument("--scenarios-dir", action="append", default=[], help="extra folder of scenario files")
     run.add_argument("--isolate", choices=["snapshot", "process"], default="snapshot",
                      help="patch sets share a launch and are undone in turn (snapshot), or get launches of their own")
     run.add_argument("--dump", default=None, help="save each judged cell's observed tensors in this folder")
@@ -76,97 +76,25 @@ def _add_run_args(run: argparse.ArgumentParser) -> None:
     node.add_argument("--node-rank", type=int, default=0)
     node.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT")
     node.add_argument("--run-id", default=None, help="the same on every node (default: a timestamp)")
+    run.set_defaults(func=_cmd_run)
+
+    rp = sub.add_parser("repro", parents=[scen, cell], help="reproduce one cell here; --export writes a standalone script")
+    rp.add_argument("scenario")
+    rp.add_argument("--world-size", type=int, default=None, help="default: 2 where supported, else the smallest")
+    rp.add_argument("--variant", choices=["vanilla", "patched"], default="vanilla")
+    rp.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    rp.add_argument("--export", default=None, metavar="PATH", help="also write a standalone script that needs only torch")
+    rp.add_argument("--out", default=None, help="keep the record in this file (JSON lines, appended)")
+    rp.set_defaults(func=_cmd_repro)
+
+    rep = sub.add_parser("report", help="build compat.{md,html,csv} from records")
+    rep.add_argument("--records", nargs="+", action="extend", metavar="PATH", help=".jsonl files or folders (default: runs)")
+    rep.add_argument("--out", default="reports", metavar="DIR", help="output folder (default: reports)")
+    rep.set_defaults(func=_cmd_report)
+    return p
 
 
-def _cmd_list(args: argparse.Namespace) -> int:
-    from harness.registry import load_scenarios
-
-    for s in load_scenarios(args.scenarios_dir).values():
-        sizes = ",".join(str(w) for w in s.world_sizes)
-        patches = ",".join(s.patches) or "-"
-        print(f"{s.name:<28} w={sizes:<7} devices={','.join(s.devices):<9} patches={patches:<48} {s.summary}")
-    return 0
-
-
-def _cmd_run(args: argparse.Namespace) -> int:
-    records = run_from_args(args)
-    _print_summary(records)
-    unexpected = [r for r in records if not r.get("as_expected")]
-    return EXIT_UNEXPECTED if unexpected else 0
-
-
-def run_from_args(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """Plan, validate and run; raises ValueError for bad input before anything starts."""
-    from harness.launch import LaunchOptions, run_cells
-    from harness.patching import load_patches_module
-    from harness.plan import all_patch_names, plan_cells
-    from harness.registry import load_scenarios, select
-
-    if args.expect_torch:
-        _check_torch(args.expect_torch)
-    scenarios = load_scenarios(args.scenarios_dir)
-    chosen = select(scenarios, args.scenario)
-    mapping = _parse_mapping(args.patch_map)
-    variants = args.variant or ["vanilla", "patched"]
-    if "patched" in variants:
-        load_patches_module(args.patches)  # fail early, in one line, if it cannot be imported
-    cells = plan_cells(
-        chosen,
-        world_sizes=args.world_size or None,
-        devices=args.device or ["cpu"],
-        variants=variants,
-        explicit_scenarios=bool(args.scenario),
-        timeout_s=args.timeout,
-        baseline_patches=all_patch_names(list(scenarios.values())),
-    )
-    if not cells:
-        raise ValueError("nothing to run: no scenario supports the chosen world sizes and devices")
-    _check_nodes(args, cells)
-    run_id = args.run_id or datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    out = Path(args.out) if args.out else Path("runs") / f"{run_id}.jsonl"
-    progress = _Progress(total=len(cells), quiet=args.quiet)
-    opts = LaunchOptions(
-        run_id=run_id,
-        out_path=out,
-        log_dir=out.parent / f"{out.stem}.logs",
-        patches_module=args.patches,
-        patch_mapping=mapping,
-        scenario_dirs=args.scenarios_dir,
-        on_record=progress,
-        dump_dir=Path(args.dump) if args.dump else None,
-        isolate=args.isolate,
-        nnodes=args.nnodes,
-        node_rank=args.node_rank,
-        rdzv_endpoint=args.rdzv_endpoint,
-    )
-    if not args.quiet:
-        print(f"{len(cells)} cells -> {out}", flush=True)
-    return run_cells(cells, scenarios, opts)
-
-
-def _check_torch(wanted: str) -> None:
-    from importlib.metadata import version
-
-    from harness.spec import torch_release
-
-    installed = version("torch")
-    if str(torch_release(installed)) != wanted:
-        raise ValueError(f"installed torch {installed} is not the requested {wanted}")
-
-
-def _check_nodes(args: argparse.Namespace, cells) -> None:
-    if args.nnodes < 1 or not 0 <= args.node_rank < args.nnodes:
-        raise ValueError(f"--node-rank must be in [0, {args.nnodes}) with --nnodes {args.nnodes}")
-    if args.nnodes == 1:
-        return
-    if not args.rdzv_endpoint or not args.run_id:
-        raise ValueError("multi-node runs need --rdzv-endpoint HOST:PORT and the same --run-id on every node")
-    for c in cells:
-        if c.world_size % args.nnodes:
-            raise ValueError(f"world size {c.world_size} is not divisible by --nnodes {args.nnodes} (cell {c.label})")
-
-
-def _parse_mapping(items: list[str]) -> dict[str, str]:
+def parse_mapping(items: list[str]) -> dict[str, str]:
     mapping = {}
     for item in items:
         name, sep, func = item.partition("=")
@@ -176,47 +104,111 @@ def _parse_mapping(items: list[str]) -> dict[str, str]:
     return mapping
 
 
-class _Progress:
-    def __init__(self, *, total: int, quiet: bool) -> None:
-        self.total, self.quiet, self.n, self.t0 = total, quiet, 0, time.time()
-
-    def __call__(self, rec: dict[str, Any]) -> None:
-        self.n += 1
-        if self.quiet:
-            return
-        flag = "" if rec.get("as_expected") else "  << UNEXPECTED (expected " + str(rec.get("expected")) + ")"
-        detail = rec.get("exc_msg") or rec.get("worst") or rec.get("reason") or ""
-        label = f"{rec['scenario']}[{rec['variant']},{rec['device']},w{rec['world_size']}]"
-        print(
-            f"[{self.n}/{self.total}, {self.total - self.n} left, {time.time() - self.t0:5.1f}s] {label:<52} {rec['status']:<8} "
-            f"{rec.get('duration_s') or 0:5.2f}s  {str(detail)[:90]}{flag}",
-            flush=True,
-        )
+# --------------------------------------------------------------------------- commands
 
 
-def _print_summary(records: list[dict[str, Any]]) -> None:
-    if not records:
-        return
-    print()
-    header = f"{'scenario':<30} {'variant':<8} {'device':<6} {'ws':>2}  {'status':<8} {'expected':<16} ok  detail"
-    print(header)
-    print("-" * len(header))
-    for r in sorted(records, key=lambda r: (r["scenario"], r["variant"] != "vanilla", r["device"], r["world_size"])):
-        detail = r.get("exc_msg") or (f"max|diff| {r['max_abs_diff']:.2e} at {r['worst']}" if r.get("max_abs_diff") is not None else "") or r.get("reason") or ""
-        ok = "yes" if r.get("as_expected") else "NO"
-        print(
-            f"{r['scenario']:<30} {r['variant']:<8} {r['device']:<6} {r['world_size']:>2}  {r['status']:<8} "
-            f"{r['expected']:<16} {ok:<3} {str(detail)[:100]}"
-        )
-    unexpected = sum(1 for r in records if not r.get("as_expected"))
-    counts: dict[str, int] = {}
-    for r in records:
-        counts[r["status"]] = counts.get(r["status"], 0) + 1
-    summary = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
-    print(f"\n{len(records)} cells: {summary}; {unexpected} not as expected")
+def _cmd_list(args: argparse.Namespace) -> int:
+    from harness.registry import load_scenarios
+
+    for s in load_scenarios(args.scenarios_dir).scenarios.values():
+        sizes = ",".join(str(w) for w in s.world_sizes)
+        patches = ",".join(s.patches) or "-"
+        print(f"{s.name:<28} w={sizes:<7} devices={','.join(s.devices):<9} patches={patches:<48} {s.summary}")
+    return 0
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from harness.runner import RunRequest, run
+
+    if args.nnodes < 1 or not 0 <= args.node_rank < args.nnodes:
+        raise ValueError(f"--node-rank must be in [0, {args.nnodes}) with --nnodes {args.nnodes}")
+    if args.nnodes > 1 and (not args.rdzv_endpoint or not args.run_id):
+        raise ValueError("multi-node runs need --rdzv-endpoint HOST:PORT and the same --run-id on every node")
+    run_id = args.run_id or datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    req = RunRequest(
+        scenarios=args.scenario, world_sizes=args.world_size, devices=args.device or ["cpu"],
+        variants=args.variant or ["vanilla", "patched"], patches=args.patches,
+        patch_mapping=parse_mapping(args.patch_map), timeout_s=args.timeout, scenario_dirs=args.scenarios_dir,
+        isolate=args.isolate, dump=Path(args.dump) if args.dump else None, expect_torch=args.expect_torch,
+        run_id=run_id, out=Path(args.out) if args.out else Path("runs") / f"{run_id}.jsonl",
+        nnodes=args.nnodes, node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint,
+    )
+    progress = None if args.quiet else _Progress()
+    records = run(req, on_start=None if args.quiet else _say_start, on_record=progress)
+    _print_summary(records)
+    return EXIT_UNEXPECTED if any(not r.as_expected for r in records) else 0
+
+
+def _cmd_repro(args: argparse.Namespace) -> int:
+    from harness.repro import ReproRequest, format_report, launch_hint, repro
+
+    req = ReproRequest(scenario=args.scenario, world_size=args.world_size, variant=args.variant, device=args.device,
+                       patches=args.patches, patch_mapping=parse_mapping(args.patch_map), timeout_s=args.timeout,
+                       scenario_dirs=args.scenarios_dir, export=Path(args.export) if args.export else None,
+                       out=Path(args.out) if args.out else None)
+    rec = repro(req)
+    if req.export is not None:
+        print(f"wrote {req.export} (needs only torch): {launch_hint(req.export, rec.world_size)}")
+    print(format_report(rec, rerun=_rerun_command(args, rec.world_size)))
+    return 0 if rec.as_expected else EXIT_UNEXPECTED
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from harness.report import main as report_main
+    from harness.report import write_outputs
+    from harness.tables import build_tables
 
-    return report_main(["--records", *args.records, "--out", args.out])
+    tables = build_tables(args.records or ["runs"])
+    written = write_outputs(tables, args.out)
+    if tables.skipped:
+        print(f"warning: skipped {len(tables.skipped)} malformed lines (listed in the report)", file=sys.stderr)
+    for path in written.values():
+        print(path)
+    return 0
+
+
+# --------------------------------------------------------------------------- output
+
+
+def _rerun_command(args: argparse.Namespace, world: int) -> str:
+    parts = [sys.executable, "-m", "harness", "repro", args.scenario, "--world-size", str(world),
+             "--variant", args.variant, "--device", args.device]
+    if args.variant != "vanilla" or args.patches != "fsdp_patches":
+        parts += ["--patches", args.patches]
+    for item in args.patch_map:
+        parts += ["--patch-map", item]
+    for d in args.scenarios_dir:
+        parts += ["--scenarios-dir", d]
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+def _say_start(n_cells: int, out: Path) -> None:
+    print(f"{n_cells} cells -> {out}", flush=True)
+
+
+class _Progress:
+    def __init__(self) -> None:
+        self.total, self.n, self.t0 = 0, 0, time.time()
+
+    def __call__(self, rec: Record, total: int) -> None:
+        self.n += 1
+        flag = "" if rec.as_expected else f"  << UNEXPECTED (expected {'|'.join(rec.expected)})"
+        detail = rec.exc_msg or rec.worst or rec.reason or ""
+        label = f"{rec.scenario}[{rec.variant},{rec.device},w{rec.world_size}]"
+        print(f"[{self.n}/{total}, {total - self.n} left, {time.time() - self.t0:5.1f}s] {label:<52} {rec.status:<8} "
+              f"{rec.duration_s or 0:5.2f}s  {detail[:90]}{flag}", flush=True)
+
+
+def _print_summary(records: list[Record]) -> None:
+    if not records:
+        return
+    header = f"{'scenario':<30} {'variant':<8} {'device':<6} {'ws':>2}  {'status':<8} {'expected':<16} ok  detail"
+    print(f"\n{header}\n{'-' * len(header)}")
+    for r in sorted(records, key=lambda r: (r.scenario, r.variant != "vanilla", r.device, r.world_size)):
+        detail = r.exc_msg or (f"max|diff| {r.max_abs_diff:.2e} at {r.worst}" if r.max_abs_diff is not None else "")
+        print(f"{r.scenario:<30} {r.variant:<8} {r.device:<6} {r.world_size:>2}  {r.status:<8} "
+              f"{'|'.join(r.expected):<16} {'yes' if r.as_expected else 'NO':<3} {(detail or r.reason or '')[:100]}")
+    counts: dict[str, int] = {}
+    for r in records:
+        counts[r.status] = counts.get(r.status, 0) + 1
+    summary = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+    print(f"\n{len(records)} cells: {summary}; {sum(not r.as_expected for r in records)} not as expected")

@@ -1,80 +1,83 @@
 """Export one cell as a standalone script that needs only torch.
 
-The script carries the sources it runs (the scenario file and the scenario helpers it
-imports, the harness's FSDP2 training, reference and comparison, and for a patched cell
-the patches module) and loads them from memory, so it runs on a machine where this
-project is not installed. Under ``torchrun`` (or as one process at world size 1) it
-trains the cell with FSDP2, replays it in one process, and prints expected vs observed.
+The script is ``harness/standalone.py`` with its ``HEADER`` (the cell, its expectation,
+the patches module and patch mapping) and ``SOURCES`` (the harness modules it runs, the
+scenario file and the scenario helpers it imports, and for a patched cell the patches
+module) filled in, so it runs on a machine where this project is not installed.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import re
+import sys
 from pathlib import Path
 
 from harness.plan import Cell
-from harness.spec import Scenario
 
 __all__ = ["export_script"]
 
-ROOT = Path(__file__).resolve().parent.parent
+HARNESS = Path(__file__).resolve().parent
 #: harness modules the standalone script needs (all depend on torch alone)
-HARNESS_MODULES = ("spec", "snapshot", "plan", "reference", "compare", "norm_group", "fsdp_run")
+HARNESS_MODULES = ("names", "imports", "spec", "snapshot", "plan", "recipe", "reference", "compare", "norm_group",
+                   "fsdp_run", "patching", "registry")
+EXPORTED_PATCHES = "_exported_patches"
 _SCENARIO_IMPORT = re.compile(r"^\s*(?:from|import)\s+(scenarios\.[\w.]+)", re.M)
 
 
-def export_script(scenario: Scenario, cell: Cell, path: Path, *, patches_module: str = "fsdp_patches") -> Path:
+def export_script(cell: Cell, module: str, path: Path, *, patches_module: str = "fsdp_patches",
+                  patch_mapping: dict[str, str] | None = None) -> Path:
+    """Write the standalone script for ``cell`` (its scenario defined in ``module``) to ``path``."""
     import torch
 
     sources: dict[str, tuple[str, bool]] = {"harness": ("", True), "scenarios": ("", True)}
     for name in HARNESS_MODULES:
-        sources[f"harness.{name}"] = ((ROOT / "harness" / f"{name}.py").read_text(), False)
-    module = _scenario_module(scenario)
+        sources[f"harness.{name}"] = ((HARNESS / f"{name}.py").read_text(), False)
     _add_scenario_modules(module, sources)
-    if cell.variant == "patched" and cell.patches:
+    patched = cell.variant != "vanilla" and bool(cell.patches)
+    if patched:
         _add_patches(patches_module, sources)
-    expect = scenario.expected(variant=cell.variant, torch_version=torch.__version__, device=cell.device,
-                               world_size=cell.world_size)
     header = {
-        "scenario": scenario.name,
+        "scenario": cell.scenario,
         "module": module,
-        "cell": {**cell.__dict__, "patches": list(cell.patches)},
-        "patches_module": patches_module if cell.variant == "patched" else None,
-        "expected": {"status": expect.status, "match": expect.match, "why": expect.why},
+        "stem": module.rsplit(".", 1)[-1],
+        "cell": dataclasses.asdict(cell),
+        "patches_module": patches_module if patched else None,
+        "patches_import": (EXPORTED_PATCHES if _is_path(patches_module) else patches_module) if patched else None,
+        "patch_mapping": dict(patch_mapping or {}),
         "exported_with_torch": torch.__version__,
     }
-    launch = ("python " if cell.world_size == 1 else f"torchrun --standalone --nproc-per-node {cell.world_size} ") + path.name
-    text = _TEMPLATE.format(
-        scenario=scenario.name,
-        summary=scenario.summary,
-        variant=cell.variant,
-        device=cell.device,
-        world=cell.world_size,
-        torch=torch.__version__,
-        launch=launch,
-        header=repr(header),
-        sources=repr(sources),
-    )
-    path.write_text(text)
+    launch = "python" if cell.world_size == 1 else f"torchrun --standalone --nproc-per-node {cell.world_size}"
+    text = (HARNESS / "standalone.py").read_text()
+    text = _fill(text, "HEADER", header)
+    text = _fill(text, "SOURCES", sources)
+    intro = (f"# {cell.label}, exported with torch {torch.__version__} by fsdp-compat.\n"
+             f"# Run: {launch} {path.name}\n")
+    first, rest = text.split("\n", 1)
+    path.write_text(f"{first}\n{intro}{rest}")
     path.chmod(0o755)
     return path
 
 
-def _scenario_module(scenario: Scenario) -> str:
-    from harness.registry import module_of
+def _fill(text: str, name: str, value: object) -> str:
+    line = f"{name} = {{}}  # filled by harness.export"
+    assert text.count(line) == 1, f"standalone.py must hold exactly one line {line!r}"
+    return text.replace(line, f"{name} = {value!r}")
 
-    return module_of(scenario.name)
+
+def _is_path(spec: str) -> bool:
+    return spec.endswith(".py") or "/" in spec
 
 
 def _add_scenario_modules(module: str, sources: dict[str, tuple[str, bool]]) -> None:
-    spec = importlib.util.find_spec(module) if not module.startswith("_fsdp_compat_user") else None
-    if spec is not None and spec.origin:
-        text = Path(spec.origin).read_text()
-    else:
-        import sys
-
-        text = Path(sys.modules[module].__file__).read_text()
+    found = sys.modules.get(module)
+    origin = getattr(found, "__file__", None)
+    if origin is None:
+        spec = importlib.util.find_spec(module)
+        origin = spec.origin if spec is not None else None
+    assert origin, f"cannot find the source of {module}"
+    text = Path(origin).read_text()
     sources[module] = (text, False)
     for dep in _SCENARIO_IMPORT.findall(text):
         if dep not in sources:
@@ -82,8 +85,15 @@ def _add_scenario_modules(module: str, sources: dict[str, tuple[str, bool]]) -> 
 
 
 def _add_patches(spec: str, sources: dict[str, tuple[str, bool]]) -> None:
-    if spec.endswith(".py") or "/" in spec:
-        sources["_exported_patches"] = (Path(spec).read_text(), False)
+    if _is_path(spec):
+        path = Path(spec)
+        if path.is_dir():
+            sources[EXPORTED_PATCHES] = ((path / "__init__.py").read_text(), True)
+            for file in sorted(path.glob("*.py")):
+                if file.name != "__init__.py":
+                    sources[f"{EXPORTED_PATCHES}.{file.stem}"] = (file.read_text(), False)
+        else:
+            sources[EXPORTED_PATCHES] = (path.read_text(), False)
         return
     found = importlib.util.find_spec(spec)
     if found is None or not found.origin:
@@ -96,137 +106,3 @@ def _add_patches(spec: str, sources: dict[str, tuple[str, bool]]) -> None:
                 sources[f"{spec}.{file.stem}"] = (file.read_text(), False)
     else:
         sources[spec] = (origin.read_text(), False)
-
-
-_TEMPLATE = '''#!/usr/bin/env python
-"""Standalone reproduction: {scenario} [{variant}, {device}, world size {world}], exported with torch {torch}.
-
-{summary}
-
-Needs only torch. Run:  {launch}
-It trains the cell with FSDP2 (fully_shard), replays the same training in one process
-without torch.distributed (grads = sum over micro-batches of the mean over ranks), and
-prints expected vs observed. Generated by fsdp-compat (harness/export.py).
-"""
-
-import datetime
-import importlib.abc
-import importlib.util
-import os
-import sys
-import traceback
-
-HEADER = {header}
-
-SOURCES = {sources}
-
-
-class _Embedded(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    def find_spec(self, name, path=None, target=None):
-        if name in SOURCES:
-            return importlib.util.spec_from_loader(name, self, is_package=SOURCES[name][1])
-        return None
-
-    def create_module(self, spec):
-        return None
-
-    def exec_module(self, module):
-        source, is_package = SOURCES[module.__name__]
-        if is_package:
-            module.__path__ = []
-        exec(compile(source, "<" + module.__name__ + ">", "exec"), module.__dict__)
-
-
-def _packaging_fallback():
-    """Expectations are precomputed in HEADER; only the names must import."""
-    if importlib.util.find_spec("packaging") is not None:
-        return
-    SOURCES["packaging"] = ("", True)
-    SOURCES["packaging.version"] = ("from torch._vendor.packaging.version import *  # noqa", False)
-    SOURCES["packaging.specifiers"] = (
-        "class InvalidSpecifier(ValueError):\\n    pass\\n"
-        "class SpecifierSet:\\n    def __init__(self, spec=''):\\n        self.spec = spec\\n"
-        "    def __contains__(self, item):\\n        return False\\n",
-        False,
-    )
-
-
-def main():
-    _packaging_fallback()
-    sys.meta_path.insert(0, _Embedded())
-    import torch
-    import torch.distributed as dist
-
-    from harness import fsdp_run
-    from harness.compare import compare_runs, tolerance_for
-    from harness.plan import Cell
-    from harness.reference import quirks_for, run_reference
-
-    module = importlib.import_module(HEADER["module"])
-    candidates = list(getattr(module, "SCENARIOS", [])) + ([module.SCENARIO] if hasattr(module, "SCENARIO") else [])
-    scenario = next(s for s in candidates if s.name == HEADER["scenario"])
-    cell = Cell(**{{**HEADER["cell"], "patches": tuple(HEADER["cell"]["patches"])}})
-    if "RANK" not in os.environ:
-        if cell.world_size != 1:
-            sys.exit(f"run with: torchrun --standalone --nproc-per-node {{cell.world_size}} {{sys.argv[0]}}")
-        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    if world != cell.world_size:
-        sys.exit(f"this cell needs world size {{cell.world_size}}, got {{world}}")
-    if cell.device == "cuda":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group(cell.backend, timeout=datetime.timedelta(seconds=cell.timeout_s))
-    utilities = _install_patches(cell)
-    expected = HEADER["expected"]
-    say = print if rank == 0 else (lambda *a, **k: None)
-    say(f"torch {{torch.__version__}}; cell {{scenario.name}} [{{cell.variant}}, {{cell.device}}/{{cell.backend}}, world size {{world}}]")
-    say(f"EXPECTED (fsdp-compat, torch {{HEADER['exported_with_torch']}}): {{expected['status']}}"
-        + (f" with '{{expected['match']}}'" if expected["match"] else "")
-        + "; correct behaviour: grads equal the single-process reference")
-    try:
-        observed = fsdp_run.train(scenario, cell, utilities, rank, world)
-    except Exception as e:
-        print(f"[rank {{rank}}] OBSERVED: {{type(e).__name__}}: {{str(e).strip().splitlines()[0] if str(e).strip() else ''}}", flush=True)
-        traceback.print_exc()
-        sys.stdout.flush()
-        os._exit(1)
-    code = 0
-    if rank == 0:
-        reference = run_reference(scenario, world, quirks=quirks_for(torch_version=torch.__version__, backend=cell.backend))
-        result = compare_runs(observed, reference, tolerance_for(scenario))
-        print(f"OBSERVED: {{'pass' if result.ok else 'mismatch'}} against the single-process reference")
-        print(f"{{'step':>4}}  {{'kind':<9}} {{'parameter':<28}} {{'max abs':>10}}  ok   note")
-        for d in sorted(result.diffs, key=lambda d: -d.score)[:20]:
-            shown = "-" if d.max_abs is None else f"{{d.max_abs:.3e}}"
-            print(f"{{d.step:>4}}  {{d.kind:<9}} {{d.name:<28}} {{shown:>10}}  {{'yes' if d.ok else 'NO ':<3}}  {{d.note}}")
-        code = 0 if result.ok else 1
-    dist.destroy_process_group()
-    sys.stdout.flush()
-    os._exit(code)
-
-
-def _install_patches(cell):
-    if cell.variant != "patched" or not cell.patches:
-        return {{}}
-    name = HEADER["patches_module"]
-    module = importlib.import_module("_exported_patches" if name.endswith(".py") or "/" in name else name)
-    utilities = {{}}
-    for patch in cell.patches:
-        if patch in ("clip_grad_norm", "scale_grads"):
-            utilities[patch] = getattr(module, patch + "_")
-        else:
-            (getattr(module, "patch_fsdp_" + patch, None) or getattr(module, "patch_" + patch))()
-    return utilities
-
-
-def _free_port():
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-if __name__ == "__main__":
-    main()
-'''

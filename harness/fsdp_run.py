@@ -1,8 +1,9 @@
 """Train one scenario with FSDP2 on this rank and snapshot what it produced.
 
-Called by ``harness.worker`` with the cell's default process group already initialized.
-Every rank runs the same collectives in the same order; rank 0 keeps the snapshots.
-Grad presence is exchanged first (an object all-gather), so a parameter whose presence
+Called by ``harness.worker`` with the cell's default process group already initialized;
+the step loop is ``harness.recipe``'s, this module supplies the FSDP2 ``Side``. Every
+rank runs the same collectives in the same order; rank 0 keeps the snapshots. Grad
+presence is exchanged first (an object all-gather), so a parameter whose presence
 differs across ranks is reported instead of desynchronizing the gather.
 """
 
@@ -17,57 +18,27 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
+from harness import recipe
 from harness.norm_group import rehome
 from harness.plan import Cell
 from harness.snapshot import StepSnapshot
-from harness.spec import Ctx, Scenario
+from harness.spec import Clip, Ctx, MicroBatch, Scenario
 
-__all__ = ["build_model", "train"]
+__all__ = ["FsdpSide", "build_model", "train"]
 
 
-def train(
-    scenario: Scenario,
-    cell: Cell,
-    utilities: dict[str, Any],
-    rank: int,
-    world: int,
-) -> list[StepSnapshot]:
+def train(scenario: Scenario, cell: Cell, utilities: dict[str, Any], rank: int, world: int) -> list[StepSnapshot]:
+    """Build, shard and train ``scenario`` on this rank; snapshots of every step."""
     device = torch.device(cell.device, torch.cuda.current_device()) if cell.device == "cuda" else torch.device("cpu")
-    mesh = _mesh(scenario, cell, world)
+    mesh = _mesh(cell)
     model = build_model(scenario, mesh, cell.device)
-    named = dict(model.named_parameters())
-    opt = scenario.optimizer.build(named.values())
-    gather = _Gatherer(world=world)
-    snapshots = []
-    for step in range(scenario.steps):
-        for k, micro_batch in enumerate(scenario.schedule):
-            model.set_requires_gradient_sync(micro_batch.sync)
-            if mesh.ndim == 2:
-                model.set_requires_all_reduce(micro_batch.all_reduce)
-            ctx = Ctx(rank=rank, world_size=world, step=step, micro_batch=k)
-            torch.manual_seed(scenario.batch_seed(ctx))
-            batch = scenario.batch(ctx).to(device)
-            scenario.forward(model, batch, ctx).backward()
-        snap = StepSnapshot(step=step)
-        if scenario.grad_scale is not None:
-            _scale_grads(list(named.values()), scenario.grad_scale, device, utilities.get("scale_grads"))
-        snap.grads, snap.inconsistent = gather.grads(named)
-        if scenario.clip is not None:
-            total = _clip(scenario, cell, named, utilities.get("clip_grad_norm"))
-            snap.grad_norm = total
-            snap.clipped, _ = gather.grads(named)
-        opt.step()
-        snap.params = {n: _full(p.detach()) for n, p in named.items()}
-        snap.opt_state = {n: bool(opt.state.get(p)) for n, p in named.items()}
-        opt.zero_grad(set_to_none=(step % 2 == 0))
-        snapshots.append(snap)
-    return snapshots
+    side = FsdpSide(scenario, cell, model, mesh, device, utilities, rank=rank, world=world)
+    return recipe.train(scenario, side, side.named)
 
 
-def _mesh(scenario: Scenario, cell: Cell, world: int) -> DeviceMesh:
-    shape = scenario.sharding.mesh_shape(world)
-    names = ("replicate", "shard") if len(shape) == 2 else ("shard",)
-    return init_device_mesh(cell.device, shape, mesh_dim_names=names)
+def _mesh(cell: Cell) -> DeviceMesh:
+    names = ("replicate", "shard") if len(cell.mesh) == 2 else ("shard",)
+    return init_device_mesh(cell.device, tuple(cell.mesh), mesh_dim_names=names)
 
 
 def build_model(scenario: Scenario, mesh: DeviceMesh, device_type: str) -> nn.Module:
@@ -88,32 +59,66 @@ def build_model(scenario: Scenario, mesh: DeviceMesh, device_type: str) -> nn.Mo
     return model
 
 
-def _scale_grads(params: list[nn.Parameter], factor: float, device: torch.device, util: Any) -> None:
-    """The recipe's accumulation scaling: a 0-dim scaler on the compute device."""
-    scaler = torch.tensor(factor, device=device)
-    if util is not None:
-        util(params, scaler)
-        return
-    for p in params:
-        if p.grad is not None:
-            p.grad *= scaler
+class FsdpSide:
+    """The recipe's ``Side`` under FSDP2: this rank's forward, gathered full tensors."""
 
+    def __init__(self, scenario: Scenario, cell: Cell, model: nn.Module, mesh: DeviceMesh, device: torch.device,
+                 utilities: dict[str, Any], *, rank: int, world: int) -> None:
+        self.scenario, self.cell, self.model, self.mesh, self.device = scenario, cell, model, mesh, device
+        self.utilities, self.rank, self.world = utilities, rank, world
+        self.named = dict(model.named_parameters())
 
-def _clip(scenario: Scenario, cell: Cell, named: dict[str, nn.Parameter], util: Any) -> float:
-    clip = scenario.clip
-    assert clip is not None
-    params = [p for p in named.values() if p.grad is not None]
-    backend = scenario.norm_group_backend.get(cell.device)
-    restore = rehome(params, backend) if backend else None
-    try:
-        fn = util if util is not None else torch.nn.utils.clip_grad_norm_
-        total = fn(params, clip.max_norm, clip.norm_type, foreach=clip.foreach)
-    finally:
-        if restore is not None:
-            restore()
-    if isinstance(total, DTensor):
-        total = total.full_tensor()
-    return float(total)
+    def micro_batch(self, step: int, k: int, micro_batch: MicroBatch) -> None:
+        self.model.set_requires_gradient_sync(micro_batch.sync)
+        if self.mesh.ndim == 2:
+            self.model.set_requires_all_reduce(micro_batch.all_reduce)
+        ctx = Ctx(rank=self.rank, world_size=self.world, step=step, micro_batch=k)
+        torch.manual_seed(self.scenario.batch_seed(ctx))
+        batch = self.scenario.batch(ctx).to(self.device)
+        self.scenario.forward(self.model, batch, ctx).backward()
+
+    def scale(self, factor: float) -> None:
+        """A 0-dim scaler on the compute device, as training loops write it."""
+        scaler = torch.tensor(factor, device=self.device)
+        params = list(self.named.values())
+        util = self.utilities.get("scale_grads")
+        if util is not None:
+            util(params, scaler)
+            return
+        for p in params:
+            if p.grad is not None:
+                p.grad *= scaler
+
+    def grads(self) -> tuple[dict[str, torch.Tensor | None], dict[str, list[int]]]:
+        """Full grads, after agreeing on grad presence (an object all-gather first)."""
+        mine = [n for n, p in self.named.items() if p.grad is not None]
+        have: list[Any] = [None] * self.world
+        dist.all_gather_object(have, mine)
+        grads: dict[str, torch.Tensor | None] = {}
+        inconsistent: dict[str, list[int]] = {}
+        for name, p in self.named.items():
+            ranks = [r for r in range(self.world) if name in have[r]]
+            grads[name] = _full(p.grad) if len(ranks) == self.world else None
+            if ranks and len(ranks) < self.world:
+                inconsistent[name] = ranks
+        return grads, inconsistent
+
+    def clip(self, clip: Clip) -> float:
+        params = [p for p in self.named.values() if p.grad is not None]
+        backend = self.scenario.norm_group_backend.get(self.cell.device)
+        restore = rehome(params, backend) if backend else None
+        try:
+            fn = self.utilities.get("clip_grad_norm") or torch.nn.utils.clip_grad_norm_
+            total = fn(params, clip.max_norm, clip.norm_type, foreach=clip.foreach)
+        finally:
+            if restore is not None:
+                restore()
+        if isinstance(total, DTensor):
+            total = total.full_tensor()
+        return float(total)
+
+    def params(self) -> dict[str, torch.Tensor]:
+        return {n: _full(p.detach()) for n, p in self.named.items()}
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
@@ -127,26 +132,3 @@ def _full(t: torch.Tensor) -> torch.Tensor:
         t = t.full_tensor()
     # clone: on a 1-rank shard dim the full tensor can alias the live grad or param
     return t.detach().to("cpu", copy=True)
-
-
-class _Gatherer:
-    """Gathers full grads after agreeing on grad presence (an object all-gather first)."""
-
-    def __init__(self, *, world: int) -> None:
-        self.world = world
-
-    def grads(self, named: dict[str, nn.Parameter]) -> tuple[dict[str, torch.Tensor | None], dict[str, list[int]]]:
-        mine = [n for n, p in named.items() if p.grad is not None]
-        have: list[Any] = [None] * self.world
-        dist.all_gather_object(have, mine)
-        grads: dict[str, torch.Tensor | None] = {}
-        inconsistent: dict[str, list[int]] = {}
-        for name, p in named.items():
-            ranks = [r for r in range(self.world) if name in have[r]]
-            if len(ranks) == self.world:
-                grads[name] = _full(p.grad)
-            else:
-                grads[name] = None
-                if ranks:
-                    inconsistent[name] = ranks
-        return grads, inconsistent

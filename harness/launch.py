@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -27,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from harness import record
+from harness.crashlog import crash_cause, tail
 from harness.gpus import gpu_slice, skip_reason, visible_gpus, worker_slot
 from harness.plan import Cell, LaunchPlan, group_into_launches
-from harness.spec import Expect, Scenario
 
 __all__ = ["LaunchOptions", "run_cells"]
 
@@ -58,10 +57,10 @@ class LaunchOptions:
     grace_s: float = 5.0
     #: how long a launch may take to start its first cell (imports, rendezvous)
     startup_timeout_s: float = 180.0
-    on_record: Callable[[dict[str, Any]], None] | None = None
+    on_record: Callable[[record.Record], None] | None = None
 
 
-def run_cells(cells: list[Cell], scenarios: dict[str, Scenario], opts: LaunchOptions) -> list[dict[str, Any]]:
+def run_cells(cells: list[Cell], opts: LaunchOptions) -> list[record.Record]:
     """Run every cell; return their records in the order they were written."""
     opts.log_dir.mkdir(parents=True, exist_ok=True)
     opts.out_path.parent.mkdir(parents=True, exist_ok=True)
@@ -76,7 +75,7 @@ def run_cells(cells: list[Cell], scenarios: dict[str, Scenario], opts: LaunchOpt
             reason = skip_reason("cuda", first.world_size // opts.nnodes, gpus)
             if reason is not None:
                 for cell in group:
-                    _accept(_skip_record(cell, scenarios, opts, reason), records, opts)
+                    _accept(_outside_record(cell, opts, "skip", time.time(), None, reason=reason), records, opts)
                 continue
             env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
         remaining = group
@@ -85,18 +84,18 @@ def run_cells(cells: list[Cell], scenarios: dict[str, Scenario], opts: LaunchOpt
             # every node must derive the same launch id (it prefixes the store keys)
             suffix = "" if opts.nnodes > 1 else f"-{uuid.uuid4().hex[:6]}"
             launch_id = f"{opts.run_id}-L{counter}{suffix}"
-            remaining = _launch(remaining, scenarios, opts, launch_id, records, env)
+            remaining = _launch(remaining, opts, launch_id, records, env)
             if opts.nnodes > 1:
                 if opts.node_rank == 0:
                     for cell in remaining:
                         msg = "not run: the multi-node launch ended before this cell (no relaunch across nodes)"
-                        _accept(_outside_record(cell, scenarios, opts, "error", msg, None, time.time(), None), records, opts)
+                        _accept(_outside_record(cell, opts, "error", time.time(), None, exc_msg=msg), records, opts)
                 remaining = []
     return records
 
 
 def _launch(
-    cells: list[Cell], scenarios: dict[str, Scenario], opts: LaunchOptions, launch_id: str, records: list,
+    cells: list[Cell], opts: LaunchOptions, launch_id: str, records: list,
     extra_env: dict[str, str],
 ) -> list[Cell]:
     """One torchrun over ``cells``; returns the cells still to run."""
@@ -154,22 +153,22 @@ def _launch(
     if killed_for is not None:
         t = watch.start_time(killed_for.index)
         msg = f"no result {killed_for.timeout_s:g} s + {opts.grace_s:g} s after the cell started; launch killed"
-        _accept(_outside_record(killed_for, scenarios, opts, "hang", msg, None, t, log_path), records, opts)
+        _accept(_outside_record(killed_for, opts, "hang", t, log_path, exc_msg=msg), records, opts)
         done.add(killed_for.index)
     for cell in unfinished:
         if cell.index in done:
             continue
-        exc_type, msg, rank = _crash_cause(log_path)
-        rec = _outside_record(cell, scenarios, opts, "crash", msg, rank, watch.start_time(cell.index), log_path,
-                              exc_type=exc_type)
+        exc_type, msg, rank = crash_cause(log_path)
+        rec = _outside_record(cell, opts, "crash", watch.start_time(cell.index), log_path, exc_type=exc_type,
+                              exc_msg=msg, failing_rank=rank)
         _accept(rec, records, opts)
         done.add(cell.index)
     if not started:
         # The launch never reached a cell: record why once for all of them, do not loop.
-        exc_type, msg, _ = _crash_cause(log_path)
+        exc_type, msg, _ = crash_cause(log_path)
         for cell in cells:
-            rec = _outside_record(cell, scenarios, opts, "error", f"launch failed before the cell: {msg}", None,
-                                  time.time(), log_path, exc_type=exc_type)
+            rec = _outside_record(cell, opts, "error", time.time(), log_path, exc_type=exc_type,
+                                  exc_msg=f"launch failed before the cell: {msg}")
             _accept(rec, records, opts)
         return []
     return [c for c in cells if c.index not in done]
@@ -241,7 +240,7 @@ class _Watch:
             if event["event"] == "start":
                 self.starts[event["cell"]] = event["t"]
 
-    def new_records(self) -> list[dict[str, Any]]:
+    def new_records(self) -> list[record.Record]:
         with open(self.out_path, "rb") as f:
             f.seek(self.offset)
             chunk = f.read()
@@ -250,88 +249,27 @@ class _Watch:
         out = []
         for line in complete.decode("utf-8").splitlines():
             try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
+                rec = record.Record.from_json(line)
+            except record.RecordError:
                 continue
-            if rec.get("launch_id") == self.plan.launch_id:
-                self.recorded.add(rec["cell"])
+            if rec.launch_id == self.plan.launch_id:
+                self.recorded.add(rec.cell)
                 out.append(rec)
         return out
 
 
-def _accept(rec: dict[str, Any], records: list, opts: LaunchOptions) -> None:
+def _accept(rec: record.Record, records: list, opts: LaunchOptions) -> None:
     records.append(rec)
     if opts.on_record is not None:
         opts.on_record(rec)
 
 
-def _skip_record(cell: Cell, scenarios: dict[str, Scenario], opts: LaunchOptions, reason: str) -> dict[str, Any]:
-    return _outside_record(cell, scenarios, opts, "skip", None, None, time.time(), None, reason=reason)
-
-
-def _outside_record(
-    cell: Cell,
-    scenarios: dict[str, Scenario],
-    opts: LaunchOptions,
-    status: str,
-    msg: str | None,
-    rank: int | None,
-    t0: float,
-    log_path: Path | None,
-    *,
-    reason: str | None = None,
-    exc_type: str | None = None,
-) -> dict[str, Any]:
+def _outside_record(cell: Cell, opts: LaunchOptions, status: str, t0: float, log_path: Path | None,
+                    **fields: Any) -> record.Record:
     """A record written by the launcher for a cell its launch could not finish."""
-    scenario = scenarios.get(cell.scenario)
-    info = record.torch_info()
-    expect = (
-        scenario.expected(variant=cell.variant, torch_version=info["torch"], device=cell.device, world_size=cell.world_size)
-        if scenario is not None
-        else Expect(status="pass")
-    )
-    rec = record.base(cell, scenario, expect, cell.world_size, t0, run_id=opts.run_id, patches_module=opts.patches_module)
-    rec.update(status=status, exc_msg=msg, failing_rank=rank, log=str(log_path), cell=cell.index, launch_id="launcher")
-    rec["traceback"] = _tail(log_path, 60) if log_path is not None else None
-    if reason is not None:
-        rec["reason"] = reason
-    if exc_type is not None:
-        rec["exc_type"] = exc_type
-    record.finish(rec, expect, t0)
-    record.append(opts.out_path, rec)
+    if log_path is not None:
+        fields.update(log=str(log_path), traceback=tail(log_path, 60))
+    rec = record.new_record(cell, run_id=opts.run_id, launch_id="launcher", patches_module=opts.patches_module,
+                            t0=t0, status=status, **fields)
+    record.append(opts.out_path, record.finish(rec, t0))
     return rec
-
-
-_SIGNAL = re.compile(r"Signal (\d+) \((\w+)\) received by PID")
-_EXITCODE = re.compile(r"exitcode\s*:\s*(-?\d+)")
-_RANK = re.compile(r"rank\s*:\s*(\d+) \(local_rank")
-_WHAT = re.compile(r"what\(\):\s*(.+)")
-
-
-def _crash_cause(log_path: Path) -> tuple[str, str, int | None]:
-    """(exception type, first line, rank) from torchrun's failure summary or the last error."""
-    text = log_path.read_text(errors="replace") if log_path.exists() else ""
-    root = text[text.find("Root Cause") :] if "Root Cause" in text else text
-    rank_m = _RANK.search(root)
-    rank = int(rank_m.group(1)) if rank_m else None
-    sig = _SIGNAL.search(root)
-    if sig:
-        what = _WHAT.search(text)  # a C++ exception that ended the process (gloo enforce, ...)
-        detail = f": {what.group(1).strip()[:400]}" if what else ""
-        return "Signal", f"rank {rank} died: signal {sig.group(1)} ({sig.group(2)}){detail}", rank
-    errors = [
-        ln for ln in text.splitlines() if re.search(r"\b\w+(Error|Exception)\b: ", ln) and "ChildFailedError" not in ln
-    ]
-    if errors:
-        line = re.sub(r"^(\[rank\d+\]:\s*)+", "", errors[-1]).strip()
-        return line.split(":", 1)[0], line[:500], rank
-    code = _EXITCODE.search(root)
-    if code:
-        return "ExitCode", f"rank {rank} exited with code {code.group(1)}", rank
-    return "LaunchError", "launch ended without a result (see log)", rank
-
-
-def _tail(path: Path, n: int) -> str:
-    if not path.exists():
-        return ""
-    return "\n".join(path.read_text(errors="replace").splitlines()[-n:])

@@ -21,20 +21,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-from harness.spec import import_file
+from harness.imports import import_file
+from harness.patch_source import UTILITIES, is_path
 
 __all__ = [
     "DEFAULT_MODULE",
     "UTILITIES",
     "InstallOutcome",
     "install_patches",
+    "install_set",
     "load_patches_module",
     "resolve",
 ]
 
 DEFAULT_MODULE = "fsdp_patches"
-#: Patch names that are utilities the recipe calls, not process-global installs.
-UTILITIES = ("clip_grad_norm", "scale_grads")
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -52,9 +52,9 @@ def load_patches_module(spec: str) -> ModuleType:
 
     Raises ``ValueError`` with one line naming the problem when it cannot be loaded.
     """
-    if spec.endswith(".py") or "/" in spec:
+    if is_path(spec):
         path = Path(spec).resolve()
-        if not path.is_file():
+        if not path.exists():
             raise ValueError(f"patches module file not found: {spec}")
         try:
             module = import_file(path, f"_fsdp_compat_patches_{path.stem}")
@@ -108,6 +108,14 @@ def install_patches(
         reason = getattr(result, "reason", "") or ""
         outcomes[name] = InstallOutcome(name=name, status=str(status), reason=str(reason))
     return outcomes
+
+
+def install_set(module: ModuleType, names: list[str], mapping: Mapping[str, str] | None = None
+                ) -> tuple[dict[str, dict[str, str]], dict[str, Callable[..., object]]]:
+    """Install a patch set: per-patch outcomes (as record entries) and the utilities to call."""
+    outcomes = install_patches(module, names, mapping)
+    utilities = {n: resolve(module, n, mapping) for n in names if n in UTILITIES and outcomes[n].status != "error"}
+    return {n: o.as_dict() for n, o in outcomes.items()}, utilities
 
 
 def _first_line(e: BaseException) -> str:

@@ -1,8 +1,8 @@
 """Cells and launches: what to run, and how cells are grouped so one torchrun runs many.
 
-A cell is (scenario, variant, device, backend, world size). Cells that can share a
-process are grouped into one launch: same device, world size and variant, and for
-patched cells the same set of patches (patches are process-global and cannot be undone).
+A cell is (scenario, variant, device, backend, world size). It carries everything its
+record needs, the expectation included, so the worker and the launcher write records
+from the cell alone. Cells that can share a process are grouped into one launch.
 """
 
 from __future__ import annotations
@@ -11,12 +11,13 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from harness.spec import DEVICES, VARIANTS, Scenario
+from harness.names import DEVICES, VARIANTS
+from harness.spec import Scenario
 
 #: per-cell timeout when neither the scenario nor the run sets one
 DEFAULT_TIMEOUT_S = 30.0
 
-__all__ = ["Cell", "LaunchPlan", "all_patch_names", "group_into_launches", "plan_cells"]
+__all__ = ["DEFAULT_TIMEOUT_S", "Cell", "LaunchPlan", "all_patch_names", "group_into_launches", "plan_cells"]
 
 
 @dataclass(kw_only=True)
@@ -27,14 +28,28 @@ class Cell:
     device: str
     backend: str
     world_size: int
+    mesh: tuple[int, ...]
     timeout_s: float
+    #: the patches this cell installs
     patches: tuple[str, ...] = ()
+    #: the patches its scenario names (what the verdicts credit)
+    scenario_patches: tuple[str, ...] = ()
+    #: whether the scenario's bug can show on this device at all
+    bug_observable: bool = True
+    expected: tuple[str, ...] = ("pass",)
+    expected_match: str | None = None
+    why: str = ""
     #: 0 expected to finish cleanly, 1 to fail inside the cell, 2 may end the launch, 3 will
     risk: int = 0
 
     @property
     def label(self) -> str:
         return f"{self.scenario}[{self.variant},{self.device},w{self.world_size}]"
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Cell:
+        tuples = ("mesh", "patches", "scenario_patches", "expected")
+        return cls(**{k: tuple(v) if k in tuples else v for k, v in data.items()})
 
 
 @dataclass(kw_only=True)
@@ -59,7 +74,7 @@ class LaunchPlan:
     @classmethod
     def load(cls, path: str) -> LaunchPlan:
         data = json.loads(Path(path).read_text())
-        data["cells"] = [Cell(**{**c, "patches": tuple(c["patches"])}) for c in data["cells"]]
+        data["cells"] = [Cell.from_dict(c) for c in data["cells"]]
         return cls(**data)
 
 
@@ -93,37 +108,38 @@ def plan_cells(
     for ws in world_sizes or []:
         if ws < 1:
             raise ValueError(f"world size must be a positive integer, got {ws}")
+    version = torch_version or _torch_version()
     cells: list[Cell] = []
     for s in scenarios:
-        sizes = list(world_sizes) if world_sizes else list(s.world_sizes)
-        for ws in sizes:
-            if ws not in s.world_sizes:
-                if explicit_scenarios and world_sizes:
-                    raise ValueError(
-                        f"scenario {s.name!r} does not support world size {ws} (supports {_join(s.world_sizes)})"
-                    )
-                continue
+        for ws in _sizes(s, world_sizes, explicit_scenarios):
             for d in devices:
                 if d not in s.devices:
                     if explicit_scenarios:
                         raise ValueError(f"scenario {s.name!r} does not support device {d!r}")
                     continue
                 for v in variants:
-                    expected = s.expected(variant=v, torch_version=torch_version or _torch_version(), device=d, world_size=ws)
-                    cells.append(
-                        Cell(
-                            index=len(cells),
-                            scenario=s.name,
-                            variant=v,
-                            device=d,
-                            backend=s.backend_for(d),
-                            world_size=ws,
-                            timeout_s=s.timeout_s or timeout_s or DEFAULT_TIMEOUT_S,
-                            patches=(tuple(s.patches) or baseline_patches) if v == "patched" else (),
-                            risk=_risk(expected.status),
-                        )
-                    )
+                    expect = s.expected(variant=v, torch_version=version, device=d, world_size=ws)
+                    cells.append(Cell(
+                        index=len(cells), scenario=s.name, variant=v, device=d, backend=s.backend_for(d),
+                        world_size=ws, mesh=s.sharding.mesh_shape(ws),
+                        timeout_s=s.timeout_s or timeout_s or DEFAULT_TIMEOUT_S,
+                        patches=(tuple(s.patches) or baseline_patches) if v == "patched" else (),
+                        scenario_patches=tuple(s.patches), bug_observable=d in s.bug_devices,
+                        expected=expect.status, expected_match=expect.match, why=expect.why,  # type: ignore[arg-type]
+                        risk=_risk(expect.status),  # type: ignore[arg-type]
+                    ))
     return cells
+
+
+def _sizes(s: Scenario, world_sizes: list[int] | None, explicit: bool) -> list[int]:
+    sizes = []
+    for ws in world_sizes or s.world_sizes:
+        if ws in s.world_sizes:
+            sizes.append(ws)
+        elif explicit and world_sizes:
+            supported = ", ".join(str(w) for w in s.world_sizes)
+            raise ValueError(f"scenario {s.name!r} does not support world size {ws} (supports {supported})")
+    return sizes
 
 
 def all_patch_names(scenarios: list[Scenario]) -> tuple[str, ...]:
@@ -155,12 +171,11 @@ def group_into_launches(cells: list[Cell], *, isolate: str = "snapshot") -> list
     return [sorted(g, key=lambda c: (c.risk, order[(c.variant != "vanilla", c.patches)])) for g in groups.values()]
 
 
-def _risk(expected_status: str) -> int:
+def _risk(statuses: tuple[str, ...]) -> int:
     """3: certain to end the launch (a crash), 2: may end it, 1: fails inside the cell, 0: passes."""
-    statuses = set(expected_status.split("|"))
-    if statuses == {"crash"}:
+    if set(statuses) == {"crash"}:
         return 3
-    if statuses & {"hang", "crash"}:
+    if set(statuses) & {"hang", "crash"}:
         return 2
     return 1 if "error" in statuses else 0
 
@@ -169,7 +184,3 @@ def _torch_version() -> str:
     from importlib.metadata import version
 
     return version("torch")
-
-
-def _join(items) -> str:
-    return ", ".join(str(i) for i in items)

@@ -1,12 +1,15 @@
-"""Cell records: one JSON line per cell, appended and flushed to disk at once.
+"""Cell records: the one typed ``Record``, written as one JSON line per cell, and read back.
 
-Written by rank 0 of a launch for cells that finished (pass, mismatch, error, skip, or
-hang seen from inside), and by the launcher for cells whose launch hung or died.
-The field list is the contract with ``harness.report`` and ``harness.verdict``.
+Rank 0 of a launch writes the records of cells that finished (pass, mismatch, error,
+skip, or a hang seen from inside); the launcher writes those of cells whose launch hung
+or died. Both go through ``new_record`` / ``finish`` / ``append``. The field list below
+is the schema (``SCHEMA`` is its version); ``Record.from_json`` checks each field's type
+against it, so the report and the verdicts read typed records only.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import functools
 import json
@@ -14,107 +17,233 @@ import os
 import platform
 import socket
 import time
+import types
+import typing
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SCHEMA", "append", "base", "environment", "finish", "mark_progress", "read_records", "torch_info"]
+from harness.names import FAILING, INSTALL_STATUSES, STATUSES, VARIANTS, format_statuses, parse_statuses
+
+__all__ = [
+    "SCHEMA",
+    "Record",
+    "RecordError",
+    "append",
+    "environment",
+    "expand_paths",
+    "finish",
+    "load_records",
+    "mark_progress",
+    "new_record",
+    "torch_info",
+]
 
 SCHEMA = 1
+
+
+class RecordError(ValueError):
+    """A line that is not a valid record (the message says why)."""
+
+
+@dataclass(kw_only=True)
+class Record:
+    """What one cell did. ``expected`` holds the statuses the cell may end with."""
+
+    schema: int = SCHEMA
+    run_id: str
+    launch_id: str = ""
+    cell: int = 0
+    started_at: str
+    scenario: str
+    variant: str
+    device: str
+    backend: str = ""
+    world_size: int
+    mesh: list[int] = field(default_factory=list)
+    torch: str
+    torch_git: str | None = None
+    patches_module: str = ""
+    #: the patches the scenario names (what the verdicts credit)
+    patches: list[str] = field(default_factory=list)
+    #: the patches this cell installed
+    installed_patches: list[str] = field(default_factory=list)
+    patch_install: dict[str, dict[str, str]] = field(default_factory=dict)
+    bug_observable: bool = True
+    status: str
+    expected: tuple[str, ...]
+    expected_match: str | None = None
+    as_expected: bool
+    #: why the expectation is what it is, or why the cell was skipped
+    reason: str | None = None
+    exc_type: str | None = None
+    exc_msg: str | None = None
+    failing_rank: int | None = None
+    failed_ranks: list[int] | None = None
+    rank_errors: dict[str, str] | None = None
+    traceback: str | None = None
+    log: str | None = None
+    max_abs_diff: float | None = None
+    max_rel_diff: float | None = None
+    worst: str | None = None
+    diffs: list[dict[str, Any]] = field(default_factory=list)
+    grad_norm: float | None = None
+    ref_grad_norm: float | None = None
+    reference_quirks: list[str] = field(default_factory=list)
+    duration_s: float | None = None
+    timeout_s: float | None = None
+    env: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def failed(self) -> bool:
+        return self.status in FAILING
+
+    @property
+    def install_errors(self) -> dict[str, str]:
+        """Patch name -> reason, for every patch whose install failed."""
+        return {n: e.get("reason", "") for n, e in self.patch_install.items() if e.get("status") == "error"}
+
+    def outcome_matches(self) -> bool:
+        """Whether the status (and, for a failure, its text) is the expected one."""
+        if self.status == "skip":
+            return True
+        if self.status not in self.expected:
+            return False
+        if self.expected_match and self.status != "pass":
+            text = f"{self.exc_msg or ''}\n{self.traceback or ''}\n{self.worst or ''}"
+            return self.expected_match in text
+        return True
+
+    def to_json(self) -> str:
+        data = dataclasses.asdict(self)
+        data["expected"] = format_statuses(self.expected)
+        return json.dumps(data, default=str)
+
+    @classmethod
+    def from_json(cls, data: str | dict[str, Any]) -> Record:
+        """Parse and check one record; ``RecordError`` says what is wrong."""
+        if isinstance(data, str):
+            try:
+                data = json.loads(data)
+            except json.JSONDecodeError as exc:
+                raise RecordError(f"bad JSON ({exc.msg} at column {exc.colno})") from None
+        if not isinstance(data, dict):
+            raise RecordError(f"expected a JSON object, got {type(data).__name__}")
+        known = {k: v for k, v in data.items() if k in _FIELDS}
+        for name, (kind, required) in _FIELDS.items():
+            if name not in known:
+                if required:
+                    raise RecordError(f"missing key {name!r}")
+            elif (problem := _type_problem(name, known[name], kind)) is not None:
+                raise RecordError(problem)
+        if known["status"] not in STATUSES:
+            raise RecordError(f"unknown status {known['status']!r}")
+        try:
+            known["expected"] = parse_statuses(known["expected"])
+        except ValueError as exc:
+            raise RecordError(f"key 'expected': {exc}") from None
+        rec = cls(**known)
+        if (problem := rec._value_problem()) is not None:
+            raise RecordError(problem)
+        return rec
+
+    def _value_problem(self) -> str | None:
+        if self.schema != SCHEMA:
+            return f"unsupported schema {self.schema!r}"
+        if self.variant not in VARIANTS:
+            return f"unknown variant {self.variant!r}"
+        if self.status not in STATUSES:
+            return f"unknown status {self.status!r}"
+        if not all(isinstance(p, str) for p in self.patches):
+            return "key 'patches' should be a list of str"
+        for name, entry in self.patch_install.items():
+            if not isinstance(entry, dict) or entry.get("status") not in INSTALL_STATUSES:
+                return f"bad patch_install entry for {name!r}"
+        return None
+
+
+def _field_kinds() -> dict[str, tuple[Any, bool]]:
+    hints = typing.get_type_hints(Record)
+    return {
+        f.name: (hints[f.name], f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+        for f in dataclasses.fields(Record)
+    }
+
+
+def _type_problem(name: str, value: Any, kind: Any) -> str | None:
+    allowed = typing.get_args(kind) if typing.get_origin(kind) in (typing.Union, types.UnionType) else (kind,)
+    for t in allowed:
+        base = typing.get_origin(t) or t
+        if t is type(None) and value is None:
+            return None
+        if base is tuple and isinstance(value, str):  # "a|b" on disk
+            return None
+        if base is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return None
+        if base is Any or (isinstance(base, type) and isinstance(value, base) and not (base is int and isinstance(value, bool))):
+            return None
+    wanted = "/".join((typing.get_origin(t) or t).__name__ for t in allowed if t is not type(None))
+    return f"key {name!r} should be {wanted}, got {type(value).__name__}"
+
+
+_FIELDS = _field_kinds()
+
+
+# --------------------------------------------------------------------------- writing
 
 
 @functools.cache
 def torch_info() -> dict[str, str | None]:
     import torch
 
-    return {
-        "torch": torch.__version__,
-        "torch_git": getattr(torch.version, "git_version", None),
-        "cuda": torch.version.cuda,
-    }
+    return {"torch": torch.__version__, "torch_git": getattr(torch.version, "git_version", None),
+            "cuda": torch.version.cuda}
 
 
 @functools.cache
 def environment() -> dict[str, Any]:
     import torch
 
+    cuda = torch_info()["cuda"]
+    return {"python": platform.python_version(), "torch": torch.__version__,
+            "torch_build": f"cu{cuda.replace('.', '')}" if cuda else "cpu", "cuda": cuda,
+            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+            "host": socket.gethostname(), "platform": f"{platform.system()}-{platform.machine()}",
+            "cpus": os.cpu_count()}
+
+
+def new_record(cell, *, run_id: str, launch_id: str, patches_module: str, t0: float, status: str,
+               **outcome: Any) -> Record:
+    """A record of ``cell`` (a ``harness.plan.Cell``) with its outcome fields."""
     info = torch_info()
-    gpu = None
-    if torch.cuda.is_available():
-        gpu = torch.cuda.get_device_name(0)
-    return {
-        "python": platform.python_version(),
-        "torch": info["torch"],
-        "torch_build": f"cu{info['cuda'].replace('.', '')}" if info["cuda"] else "cpu",
-        "cuda": info["cuda"],
-        "gpu": gpu,
-        "host": socket.gethostname(),
-        "platform": f"{platform.system()}-{platform.machine()}",
-        "cpus": os.cpu_count(),
-    }
-
-
-def base(cell, scenario, expect, world_size: int, t0: float, *, run_id: str, patches_module: str) -> dict[str, Any]:
-    """The fields every record has, before the outcome is known."""
-    info = torch_info()
-    return {
-        "schema": SCHEMA,
-        "run_id": run_id,
-        "started_at": datetime.datetime.fromtimestamp(t0, datetime.timezone.utc).isoformat(timespec="seconds"),
-        "scenario": cell.scenario,
-        "variant": cell.variant,
-        "patches_module": patches_module,
-        "patches": list(scenario.patches) if scenario is not None else [],
-        "installed_patches": list(cell.patches),
-        "bug_observable": cell.device in scenario.bug_devices if scenario is not None else True,
-        "patch_install": {},
-        "torch": info["torch"],
-        "torch_git": info["torch_git"],
-        "device": cell.device,
-        "backend": cell.backend,
-        "world_size": world_size,
-        "mesh": list(scenario.sharding.mesh_shape(world_size)) if scenario is not None else [world_size],
-        "status": None,
-        "expected": expect.status,
-        "expected_match": expect.match,
-        "as_expected": None,
-        "exc_type": None,
-        "exc_msg": None,
-        "failing_rank": None,
-        "traceback": None,
-        "max_abs_diff": None,
-        "max_rel_diff": None,
-        "worst": None,
-        "diffs": [],
-        "grad_norm": None,
-        "ref_grad_norm": None,
-        "duration_s": None,
-        "timeout_s": cell.timeout_s,
-        "reason": expect.why or None,
-        "env": environment(),
-    }
-
-
-def finish(rec: dict[str, Any], expect, t0: float) -> dict[str, Any]:
-    """Fill duration and whether the outcome is the expected one."""
-    rec["duration_s"] = round(time.time() - t0, 3)
-    rec["as_expected"] = outcome_matches(rec, expect.status, expect.match)
+    rec = Record(
+        run_id=run_id, launch_id=launch_id, cell=cell.index,
+        started_at=datetime.datetime.fromtimestamp(t0, datetime.timezone.utc).isoformat(timespec="seconds"),
+        scenario=cell.scenario, variant=cell.variant, device=cell.device, backend=cell.backend,
+        world_size=cell.world_size, mesh=list(cell.mesh), torch=info["torch"] or "", torch_git=info["torch_git"],
+        patches_module=patches_module, patches=list(cell.scenario_patches), installed_patches=list(cell.patches),
+        bug_observable=cell.bug_observable, status=status, expected=tuple(cell.expected),
+        expected_match=cell.expected_match, as_expected=False, reason=cell.why or None,
+        timeout_s=cell.timeout_s, env=environment(),
+    )
+    for key, value in outcome.items():
+        assert key in _FIELDS, key
+        if value is not None:
+            setattr(rec, key, value)
     return rec
 
 
-def outcome_matches(rec: dict[str, Any], status: str, match: str | None) -> bool:
-    if rec["status"] == "skip":
-        return True
-    if rec["status"] not in status.split("|"):
-        return False
-    if match and rec["status"] != "pass":
-        text = f"{rec.get('exc_msg') or ''}\n{rec.get('traceback') or ''}\n{rec.get('worst') or ''}"
-        return match in text
-    return True
+def finish(rec: Record, t0: float) -> Record:
+    """Fill the duration and whether the outcome is the expected one."""
+    rec.duration_s = round(time.time() - t0, 3)
+    rec.as_expected = rec.outcome_matches()
+    return rec
 
 
-def append(path: str | os.PathLike, rec: dict[str, Any]) -> None:
+def append(path: str | os.PathLike, rec: Record) -> None:
     """Append one record and force it to disk before returning."""
-    line = json.dumps(rec, default=str) + "\n"
+    line = rec.to_json() + "\n"
     with open(path, "a", encoding="utf-8") as f:
         f.write(line)
         f.flush()
@@ -127,15 +256,40 @@ def mark_progress(path: str | os.PathLike, index: int, event: str) -> None:
         f.flush()
 
 
-def read_records(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """The well-formed records of one file (malformed lines are the report's business)."""
-    out = []
-    p = Path(path)
-    if not p.exists():
-        return out
-    for line in p.read_text(encoding="utf-8").splitlines():
+# --------------------------------------------------------------------------- reading
+
+
+def expand_paths(paths: Iterable[str | Path]) -> list[Path]:
+    """Files as given plus ``*.jsonl`` found (recursively) under folders."""
+    files: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            files += sorted(p for p in path.rglob("*.jsonl") if p.is_file())
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise RecordError(f"no such file or folder: {path}")
+    return files
+
+
+def load_records(paths: Iterable[str | Path]) -> tuple[list[tuple[Record, str]], list[str]]:
+    """Valid records with their source ("file:line"), and the skipped lines as "file:line: reason"."""
+    found: list[tuple[Record, str]] = []
+    skipped: list[str] = []
+    for path in expand_paths(paths):
         try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return out
+            lines = path.read_bytes().splitlines()
+        except OSError as exc:
+            raise RecordError(f"cannot read {path}: {exc.strerror or exc}") from exc
+        for lineno, raw in enumerate(lines, start=1):
+            if not raw.strip():
+                continue
+            try:
+                found.append((Record.from_json(raw.decode("utf-8")), f"{path}:{lineno}"))
+            except UnicodeDecodeError:
+                skipped.append(f"{path}:{lineno}: not UTF-8")
+            except RecordError as exc:
+                skipped.append(f"{path}:{lineno}: {exc}")
+    return found, skipped
+

@@ -1,9 +1,10 @@
 """The scenario API: what a file in ``scenarios/`` declares.
 
-A scenario is data plus three small functions (model, batch, forward). The worker
-(``harness.worker``) runs it under FSDP2 and the reference (``harness.reference``)
-replays it in one process; both read only what is declared here, so a scenario
-never touches torch.distributed itself.
+A scenario is data plus three small functions (model, batch, forward). The FSDP2 side
+(``harness.fsdp_run``) and the single-process reference (``harness.reference``) both
+run it through one recipe (``harness.recipe``), so a scenario never touches
+torch.distributed itself. ``name`` defaults to the file's name and ``summary`` to the
+first line of the file's docstring.
 """
 
 from __future__ import annotations
@@ -12,12 +13,13 @@ import dataclasses
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
 
 import torch
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import Version
 from torch import nn
+
+from harness.names import DEVICES, VARIANTS, parse_statuses
 
 __all__ = [
     "Clip",
@@ -27,17 +29,11 @@ __all__ = [
     "Optim",
     "Scenario",
     "Sharding",
-    "STATUSES",
     "accumulate",
     "default_forward",
-    "import_file",
+    "mean_square",
     "torch_release",
 ]
-
-#: Every status a cell can end with.
-STATUSES = ("pass", "mismatch", "error", "hang", "crash", "skip")
-DEVICES = ("cpu", "cuda")
-VARIANTS = ("vanilla", "patched")
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -119,24 +115,25 @@ class Clip:
 
 @dataclass(kw_only=True, frozen=True)
 class Expect:
-    """An expected outcome for cells matching ``torch``/``variant``/``devices``/``world_sizes``.
+    """An expected outcome for cells matching ``torch``/``variants``/``devices``/``world_sizes``.
 
-    ``status`` may name alternatives with ``|`` ("hang|crash|error"). ``match`` is text
-    the first error line (or the traceback) must contain.
+    ``status`` may name alternatives with ``|`` ("hang|crash|error"); it is kept as a
+    tuple. ``match`` is text the first error line (or the traceback) must contain.
     """
 
-    status: str
+    status: tuple[str, ...] | str
     torch: str = ""
-    variant: Literal["vanilla", "patched"] = "vanilla"
+    variants: tuple[str, ...] = ("vanilla",)
     match: str | None = None
     devices: tuple[str, ...] = DEVICES
     world_sizes: tuple[int, ...] | None = None
     why: str = ""
 
     def __post_init__(self) -> None:
-        for s in self.status.split("|"):
-            if s not in STATUSES:
-                raise ValueError(f"Expect.status: unknown status {s!r} (choose from {', '.join(STATUSES)})")
+        object.__setattr__(self, "status", parse_statuses(self.status))
+        for v in self.variants:
+            if v not in VARIANTS:
+                raise ValueError(f"Expect.variants: unknown variant {v!r} (choose from {', '.join(VARIANTS)})")
         try:
             SpecifierSet(self.torch)
         except InvalidSpecifier as e:
@@ -144,11 +141,15 @@ class Expect:
 
     def applies(self, *, variant: str, torch_version: str, device: str, world_size: int) -> bool:
         return (
-            variant == self.variant
+            variant in self.variants
             and device in self.devices
             and (self.world_sizes is None or world_size in self.world_sizes)
             and torch_release(torch_version) in SpecifierSet(self.torch)
         )
+
+
+#: What a cell is expected to do when no ``Expect`` matches it.
+PASS = Expect(status="pass", variants=VARIANTS)
 
 
 def torch_release(version: str) -> Version:
@@ -156,29 +157,14 @@ def torch_release(version: str) -> Version:
     return Version(Version(version).base_version)
 
 
-def import_file(path, name: str):
-    """Import a ``.py`` file as module ``name`` (cached in ``sys.modules``); a failing
-    import leaves no half-initialized module behind."""
-    import importlib.util
-    import sys
-
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[name]
-        raise
-    return module
+def mean_square(output: torch.Tensor) -> torch.Tensor:
+    """The loss most scenarios use: the mean squared output, reduced in fp32."""
+    return output.float().square().mean()
 
 
 def default_forward(model: nn.Module, batch: torch.Tensor, ctx: Ctx) -> torch.Tensor:
-    """Mean squared output, reduced in fp32."""
-    return model(batch).float().square().mean()
+    """``mean_square(model(batch))``."""
+    return mean_square(model(batch))
 
 
 @dataclass(kw_only=True)
@@ -191,10 +177,12 @@ class Scenario:
     on rank and micro-batch ("rank 1 skips a layer").
     """
 
-    name: str
-    summary: str
     model: Callable[[], nn.Module]
     batch: Callable[[Ctx], torch.Tensor]
+    #: defaults to the scenario file's name (set by ``harness.registry``)
+    name: str = ""
+    #: defaults to the first line of the scenario file's docstring
+    summary: str = ""
     forward: Callable[[nn.Module, torch.Tensor, Ctx], torch.Tensor] = default_forward
     sharding: Sharding = field(default_factory=Sharding)
     schedule: tuple[MicroBatch, ...] = (MicroBatch(),)
@@ -204,7 +192,7 @@ class Scenario:
     grad_scale: float | None = None
     #: What the reference gives a parameter no rank used in a window: ``"none"`` (plain
     #: autograd) or ``"zero"`` (the documented result of reducing unused parameters).
-    unused_grads: Literal["none", "zero"] = "none"
+    unused_grads: str = "none"
     #: Re-home sharded grads onto a group with only this backend before norm/clip, per
     #: device (``{"cpu": "cuda:gloo"}`` simulates an NCCL-only group on CPU).
     norm_group_backend: dict[str, str] = field(default_factory=dict)
@@ -212,6 +200,7 @@ class Scenario:
     backend: dict[str, str] = field(default_factory=dict)
     world_sizes: tuple[int, ...] = (1, 2, 4)
     devices: tuple[str, ...] = DEVICES
+    #: patch names the patched variant installs (see README "The patches module under test")
     patches: tuple[str, ...] = ()
     #: devices on which the bug can show at all; elsewhere the cell checks numbers only
     #: and a pass is "ok", not "fixed upstream"
@@ -222,19 +211,20 @@ class Scenario:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if not self.name.replace("_", "").isalnum():
+        where = f"scenario {self.name or '(unnamed)'}"
+        if self.name and not self.name.replace("_", "").isalnum():
             raise ValueError(f"scenario name {self.name!r}: use letters, digits and '_'")
         if self.steps < 1 or not self.schedule:
-            raise ValueError(f"scenario {self.name}: needs at least one step and one micro-batch")
+            raise ValueError(f"{where}: needs at least one step and one micro-batch")
         if not self.schedule[-1].sync:
-            raise ValueError(f"scenario {self.name}: the last micro-batch must sync gradients")
-        for d in self.devices:
+            raise ValueError(f"{where}: the last micro-batch must sync gradients")
+        for d in (*self.devices, *self.bug_devices):
             if d not in DEVICES:
-                raise ValueError(f"scenario {self.name}: unknown device {d!r}")
+                raise ValueError(f"{where}: unknown device {d!r}")
         for ws in self.world_sizes:
             self.sharding.mesh_shape(ws)
         if self.unused_grads not in ("none", "zero"):
-            raise ValueError(f"scenario {self.name}: unused_grads must be 'none' or 'zero'")
+            raise ValueError(f"{where}: unused_grads must be 'none' or 'zero'")
 
     # -- derived facts -------------------------------------------------------------
     def backend_for(self, device: str) -> str:
@@ -245,7 +235,7 @@ class Scenario:
         for e in self.expect:
             if e.applies(variant=variant, torch_version=torch_version, device=device, world_size=world_size):
                 return e
-        return Expect(status="pass", variant=variant)  # type: ignore[arg-type]
+        return PASS
 
     def batch_seed(self, ctx: Ctx) -> int:
         key = f"{self.name}/{self.seed}/{ctx.rank}/{ctx.step}/{ctx.micro_batch}".encode()

@@ -1,10 +1,9 @@
 """The per-rank program that torchrun starts: runs many cells in one launch.
 
 Each cell gets a fresh default process group (``PrefixStore`` over torchrun's store), a
-fresh model and fresh optimizer; ranks agree on the end of a cell through the store, not
-through the process group, so a cell that broke its group cannot break the next one.
-A rank that fails destroys its group at once, so peers blocked in a collective fail fast
-("Connection closed by peer") instead of waiting for the timeout.
+fresh model and fresh optimizer; ranks agree on the end of a cell through the store
+(``harness.peers``), not through the process group, so a cell that broke its group
+cannot break the next one.
 
 Rank 0 judges the cell (reference + comparison) and appends its record before the next
 cell starts. If some rank never reports, rank 0 records the cell as a hang and the launch
@@ -18,20 +17,18 @@ from __future__ import annotations
 import argparse
 import datetime
 import gc
-import json
 import os
 import sys
 import time
 import traceback
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from harness import compare, record
+from harness import compare, peers, record
 from harness.isolation import TorchSnapshot, forget_module
-from harness.patching import UTILITIES, install_patches, load_patches_module, resolve
+from harness.patching import install_set, load_patches_module
 from harness.plan import Cell, LaunchPlan
 from harness.reference import quirks_for, run_reference
 from harness.registry import load_scenarios
@@ -43,28 +40,6 @@ __all__ = ["main"]
 EXIT_POISONED = 3
 #: how long a failed rank waits for its peers to report before it leaves the launch
 _PEER_GRACE_S = 1.0
-_COMM_FAILURE_MARKERS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
-_TIMEOUT_MARKERS = ("timed out", "Timed out", "timeout after", "Timeout")
-
-
-@dataclass(kw_only=True)
-class RankOutcome:
-    rank: int
-    ok: bool
-    exc_type: str | None = None
-    exc_msg: str | None = None
-    traceback: str | None = None
-    t_fail: float | None = None
-
-    @property
-    def comm_failure(self) -> bool:
-        text = self.exc_msg or ""
-        return any(m in text for m in _COMM_FAILURE_MARKERS)
-
-    @property
-    def timed_out(self) -> bool:
-        text = self.exc_msg or ""
-        return any(m in text for m in _TIMEOUT_MARKERS)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -76,7 +51,7 @@ def main(argv: list[str] | None = None) -> None:
     if plan.device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     store = _connect_store(world)
-    scenarios = load_scenarios(plan.scenario_dirs)
+    scenarios = load_scenarios(plan.scenario_dirs).scenarios
     patches = _PatchSets(plan)
     for cell in plan.cells:
         installs, utilities = patches.activate(cell.patches if cell.variant == "patched" else ())
@@ -89,12 +64,9 @@ def _connect_store(world: int) -> dist.Store:
     """A client of the store torchrun's agent hosts (or rank 0 hosts one without an agent)."""
     use_agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
     return dist.TCPStore(
-        os.environ["MASTER_ADDR"],
-        int(os.environ["MASTER_PORT"]),
-        world,
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
         is_master=(not use_agent and int(os.environ["RANK"]) == 0),
-        timeout=datetime.timedelta(seconds=120),
-        wait_for_workers=False,
+        timeout=datetime.timedelta(seconds=120), wait_for_workers=False,
     )
 
 
@@ -131,46 +103,29 @@ class _PatchSets:
             module = load_patches_module(self.plan.patches_module)
         except ValueError as e:
             return {n: {"status": "error", "reason": f"patch install error: {e}"} for n in names}, {}
-        outcomes = install_patches(module, names, self.plan.patch_mapping)
-        utilities = {
-            n: resolve(module, n, self.plan.patch_mapping)
-            for n in names
-            if n in UTILITIES and outcomes[n].status != "error"
-        }
-        return {n: o.as_dict() for n, o in outcomes.items()}, utilities
+        return install_set(module, names, self.plan.patch_mapping)
 
 
 # -- one cell ---------------------------------------------------------------------------
 
 
-def _run_cell(
-    cell: Cell,
-    plan: LaunchPlan,
-    scenario: Scenario,
-    installs: dict[str, dict[str, str]],
-    utilities: dict[str, Any],
-    store: dist.Store,
-    rank: int,
-    world: int,
-) -> bool:
+def _run_cell(cell: Cell, plan: LaunchPlan, scenario: Scenario, installs: dict[str, dict[str, str]],
+              utilities: dict[str, Any], store: dist.Store, rank: int, world: int) -> bool:
     """Run one cell on this rank; returns False when the launch must end."""
     prefix = f"{plan.launch_id}/{cell.index}"
     t0 = time.time()
     if rank == 0:
         record.mark_progress(plan.progress_path, cell.index, "start")
-    expect = scenario.expected(
-        variant=cell.variant, torch_version=torch.__version__, device=cell.device, world_size=world
-    )
     cell_installs = {n: installs[n] for n in scenario.patches if n in installs}
     skip = _skip_reason(cell, scenario, world)
     install_error = next((v["reason"] for v in cell_installs.values() if v["status"] == "error"), None)
     observed: list[StepSnapshot] | None = None
-    outcome = RankOutcome(rank=rank, ok=True)
+    outcome = peers.RankOutcome(rank=rank, ok=True)
     if skip is None and install_error is None:
         observed, outcome = _train_guarded(cell, scenario, utilities, store, prefix, rank, world)
-    store.set(f"{prefix}/status/{rank}", json.dumps(outcome.__dict__))
-    abandon = not outcome.ok and not _all_reported(store, prefix, world, _PEER_GRACE_S)
-    if abandon and _shutdown_peer_sockets() and _all_reported(store, prefix, world, _PEER_GRACE_S):
+    peers.post(store, prefix, outcome)
+    abandon = not outcome.ok and not peers.all_reported(store, prefix, world, _PEER_GRACE_S)
+    if abandon and peers.shutdown_peer_sockets() and peers.all_reported(store, prefix, world, _PEER_GRACE_S):
         # A peer was blocked in a collective waiting for this rank, and gloo does not close
         # a failed group's sockets: shutting this process's collective sockets made it
         # fail at once ("Connection closed by peer"), and the launch goes on.
@@ -182,85 +137,33 @@ def _run_cell(
         if rank != 0:
             _exit(0)
     if rank != 0:
-        recorded = _wait(store, [f"{prefix}/recorded"], cell.timeout_s + 60)
+        recorded = peers.wait(store, [f"{prefix}/recorded"], cell.timeout_s + 60)
         return recorded and not store.check([f"{prefix}/abandoned"])
     if abandon:
         outcomes, missing = [outcome], []
     else:
         # bounded by the cell's own deadline, so a hung peer is reported within the timeout
-        outcomes, missing = _collect_outcomes(store, prefix, world, max(1.0, t0 + cell.timeout_s - time.time()))
-    rec = record.base(cell, scenario, expect, world, t0, run_id=plan.run_id, patches_module=plan.patches_module)
-    rec.update(patch_install=cell_installs, cell=cell.index, launch_id=plan.launch_id)
+        outcomes, missing = peers.collect_outcomes(store, prefix, world, max(1.0, t0 + cell.timeout_s - time.time()))
+    fields: dict[str, Any] = {"patch_install": cell_installs}
     if skip is not None:
-        rec.update(status="skip", reason=skip)
+        fields.update(status="skip", reason=skip)
     elif install_error is not None:
-        rec.update(status="error", exc_type="PatchInstallError", exc_msg=install_error)
+        fields.update(status="error", exc_type="PatchInstallError", exc_msg=install_error)
     elif missing:
-        rec.update(
-            status="hang",
-            exc_msg=f"rank(s) {missing} did not finish the cell within {cell.timeout_s:g} s",
-            failing_rank=missing[0],
-        )
+        fields.update(status="hang", exc_msg=f"rank(s) {missing} did not finish the cell within {cell.timeout_s:g} s",
+                      failing_rank=missing[0])
     elif all(o.ok for o in outcomes):
         assert observed is not None
         if plan.dump_dir:
             _dump(plan.dump_dir, cell, observed)
-        try:
-            _judge(rec, scenario, observed, world, cell)
-        except Exception as e:  # a broken reference must not lose the cell
-            rec.update(status="error", exc_type=type(e).__name__, exc_msg=f"reference/compare failed: {e}"[:500],
-                       traceback=traceback.format_exc()[-8000:])
+        fields.update(_judge_guarded(scenario, observed, world, cell))
     else:
-        _blame(rec, outcomes)
-    record.finish(rec, expect, t0)
-    record.append(plan.out_path, rec)
+        fields.update(peers.blame(outcomes))
+    rec = record.new_record(cell, run_id=plan.run_id, launch_id=plan.launch_id, patches_module=plan.patches_module,
+                            t0=t0, **fields)
+    record.append(plan.out_path, record.finish(rec, t0))
     store.set(f"{prefix}/recorded", "1")
     return not missing and not store.check([f"{prefix}/abandoned"])
-
-
-def _shutdown_peer_sockets() -> bool:
-    """Shut every TCP connection of this process except the one to torchrun's store.
-
-    The failed cell's process group is already aborted and destroyed, but its sockets
-    stay open while anything references it; a peer blocked in a collective on them then
-    waits for the timeout. Returns whether any socket was shut (Linux: /proc/self/fd).
-    """
-    import socket
-
-    store_port = int(os.environ.get("MASTER_PORT", "0"))
-    shut = False
-    try:
-        fds = [int(fd) for fd in os.listdir("/proc/self/fd")]
-    except OSError:
-        return False
-    for fd in fds:
-        try:
-            if not os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
-                continue
-            s = socket.socket(fileno=os.dup(fd))
-        except OSError:
-            continue
-        try:
-            if s.family in (socket.AF_INET, socket.AF_INET6) and s.type == socket.SOCK_STREAM:
-                peer = s.getpeername()
-                if peer[1] != store_port:
-                    s.shutdown(socket.SHUT_RDWR)
-                    shut = True
-        except OSError:
-            pass  # not connected (a listener) or already closed
-        finally:
-            s.close()  # closes the duplicate only
-    return shut
-
-
-def _all_reported(store: dist.Store, prefix: str, world: int, wait_s: float) -> bool:
-    keys = [f"{prefix}/status/{r}" for r in range(world)]
-    deadline = time.time() + wait_s
-    while not store.check(keys):
-        if time.time() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 def _exit(code: int) -> None:
@@ -280,43 +183,32 @@ def _skip_reason(cell: Cell, scenario: Scenario, world: int) -> str | None:
     return None
 
 
-def _train_guarded(
-    cell: Cell, scenario: Scenario, utilities: dict[str, Any], store: dist.Store, prefix: str, rank: int, world: int
-) -> tuple[list[StepSnapshot] | None, RankOutcome]:
+def _train_guarded(cell: Cell, scenario: Scenario, utilities: dict[str, Any], store: dist.Store, prefix: str,
+                   rank: int, world: int) -> tuple[list[StepSnapshot] | None, peers.RankOutcome]:
     from harness import fsdp_run
 
-    dist.init_process_group(
-        backend=cell.backend,
-        store=dist.PrefixStore(f"{prefix}/pg", store),
-        rank=rank,
-        world_size=world,
-        timeout=datetime.timedelta(seconds=cell.timeout_s),
-    )
-    failure: RankOutcome | None = None
+    dist.init_process_group(backend=cell.backend, store=dist.PrefixStore(f"{prefix}/pg", store), rank=rank,
+                            world_size=world, timeout=datetime.timedelta(seconds=cell.timeout_s))
     try:
         observed = fsdp_run.train(scenario, cell, utilities, rank, world)
+        outcome = peers.RankOutcome(rank=rank, ok=True)
     except Exception as e:
         lines = str(e).strip().splitlines()
-        failure = RankOutcome(
-            rank=rank,
-            ok=False,
-            exc_type=type(e).__name__,
-            exc_msg=lines[0][:500] if lines else "",
-            traceback=traceback.format_exc()[-8000:],
-            t_fail=time.time(),
+        observed, outcome = None, peers.RankOutcome(
+            rank=rank, ok=False, exc_type=type(e).__name__, exc_msg=lines[0][:500] if lines else "",
+            traceback=traceback.format_exc()[-8000:], t_fail=time.time(),
         )
-    if failure is not None:
         _abort_groups()
     if dist.is_initialized():
         dist.destroy_process_group()
-    return (None, failure) if failure is not None else (observed, RankOutcome(rank=rank, ok=True))
+    return observed, outcome
 
 
 def _abort_groups() -> None:
     """Abort the failed cell's groups (NCCL: frees communicators stuck in a collective).
 
     On gloo this does not close the group's sockets (measured on 2.13): peers blocked in
-    a collective are released by ``_shutdown_peer_sockets`` instead.
+    a collective are released by ``peers.shutdown_peer_sockets`` instead.
     """
     abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
     if abort is not None:
@@ -328,49 +220,16 @@ def _abort_groups() -> None:
     gc.collect()  # no abort in this torch: drop the failed frames and their group references
 
 
-def _collect_outcomes(store: dist.Store, prefix: str, world: int, timeout_s: float) -> tuple[list[RankOutcome], list[int]]:
-    keys = [f"{prefix}/status/{r}" for r in range(world)]
-    deadline = time.time() + timeout_s
-    outcomes: list[RankOutcome] = []
-    missing: list[int] = []
-    for r, key in enumerate(keys):
-        if not _wait(store, [key], max(1.0, deadline - time.time())):
-            missing.append(r)
-            continue
-        outcomes.append(RankOutcome(**json.loads(store.get(key))))
-    return outcomes, missing
-
-
-def _wait(store: dist.Store, keys: list[str], timeout_s: float) -> bool:
+def _judge_guarded(scenario: Scenario, observed: list[StepSnapshot], world: int, cell: Cell) -> dict[str, Any]:
+    """Reference + comparison; a broken reference must not lose the cell."""
     try:
-        store.wait(keys, datetime.timedelta(seconds=timeout_s))
-        return True
-    except Exception:
-        return False
-
-
-def _blame(rec: dict[str, Any], outcomes: list[RankOutcome]) -> None:
-    """Pick the root-cause failure: a rank's own error beats a peer's connection loss."""
-    failed = [o for o in outcomes if not o.ok]
-    primary = sorted(failed, key=lambda o: (o.comm_failure, o.timed_out, o.t_fail or 0.0, o.rank))[0]
-    rec.update(
-        status="hang" if primary.timed_out else "error",
-        exc_type=primary.exc_type,
-        exc_msg=primary.exc_msg,
-        failing_rank=primary.rank,
-        traceback=primary.traceback,
-        failed_ranks=[o.rank for o in failed],
-        rank_errors={o.rank: f"{o.exc_type}: {o.exc_msg}" for o in failed},
-    )
-
-
-def _judge(rec: dict[str, Any], scenario: Scenario, observed: list[StepSnapshot], world: int, cell: Cell) -> None:
-    quirks = quirks_for(torch_version=torch.__version__, backend=cell.backend)
-    rec["reference_quirks"] = quirks
-    reference = run_reference(scenario, world, quirks=quirks)
-    result = compare.compare_runs(observed, reference, compare.tolerance_for(scenario))
-    rec.update(result.as_record_fields())
-    rec["status"] = "pass" if result.ok else "mismatch"
+        quirks = quirks_for(torch_version=torch.__version__, backend=cell.backend)
+        reference = run_reference(scenario, world, quirks=quirks)
+        result = compare.compare_runs(observed, reference, compare.tolerance_for(scenario))
+        return {**result.as_record_fields(), "reference_quirks": quirks, "status": "pass" if result.ok else "mismatch"}
+    except Exception as e:
+        return dict(status="error", exc_type=type(e).__name__, exc_msg=f"reference/compare failed: {e}"[:500],
+                    traceback=traceback.format_exc()[-8000:])
 
 
 def _dump(folder: str, cell: Cell, observed: list[StepSnapshot]) -> None:

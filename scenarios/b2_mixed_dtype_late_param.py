@@ -4,23 +4,20 @@ Its fresh bf16 grad meets ``used``'s fp32 accumulated grad in one reduce-scatter
 "uniform gradient dtype" assertion, even at world size 1.
 """
 
-from harness.spec import Expect, Scenario, accumulate
+from harness.spec import Expect, Scenario, accumulate, mean_square
 from scenarios._mixed import UsedUnused, batch, sharding
 
 
 def forward(model, x, ctx):
-    return model(x, use_unused=ctx.micro_batch == 1).float().square().mean()
+    return mean_square(model(x, use_unused=ctx.micro_batch == 1))
 
 
 SCENARIO = Scenario(
-    name="b2_mixed_dtype_late_param",
-    summary="B2: a layer used only in the last micro-batch, bf16/fp32",
     model=UsedUnused,
     batch=batch,
     forward=forward,
     sharding=sharding(api=False),
     schedule=accumulate(2),
-    world_sizes=(1, 2, 4),
     patches=("uniform_reduce_dtype",),
     expect=(Expect(status="error", torch="<2.15", match="uniform gradient dtype"),),
 )

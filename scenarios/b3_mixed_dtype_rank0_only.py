@@ -4,17 +4,15 @@ Only the other ranks assert ("uniform gradient dtype"); rank 0 blocks in the
 reduce-scatter (gloo: connection closed by peer; NCCL: hang).
 """
 
-from harness.spec import Expect, Scenario, accumulate
+from harness.spec import Expect, Scenario, accumulate, mean_square
 from scenarios._mixed import UsedUnused, batch, sharding
 
 
 def forward(model, x, ctx):
-    return model(x, use_unused=ctx.rank == 0).float().square().mean()
+    return mean_square(model(x, use_unused=ctx.rank == 0))
 
 
 SCENARIO = Scenario(
-    name="b3_mixed_dtype_rank0_only",
-    summary="B3: API on, a layer used on rank 0 only, bf16/fp32",
     model=UsedUnused,
     batch=batch,
     forward=forward,

@@ -7,7 +7,7 @@ has fewer: "The size of tensor a (..) must match the size of tensor b (..)".
 import torch
 from torch import nn
 
-from harness.spec import Expect, Scenario
+from harness.spec import Expect, Scenario, mean_square
 from scenarios._hsdp_usage import DEFERRED, GLOO_NO_AVG, HSDP
 
 
@@ -24,15 +24,13 @@ class WithExtra(nn.Module):
 
 
 SCENARIO = Scenario(
-    name="d1_hsdp_extra_first_micro_batch",
-    summary="D1: HSDP deferred all-reduce, a layer used in micro-batch 0 only",
     model=WithExtra,
     batch=lambda ctx: torch.randn(5, 7),
-    forward=lambda model, x, ctx: model(x, use_extra=ctx.micro_batch == 0).float().square().mean(),
+    forward=lambda model, x, ctx: mean_square(model(x, use_extra=ctx.micro_batch == 0)),
     sharding=HSDP,
     schedule=DEFERRED,
     world_sizes=(2, 4),
     patches=("unused_param_reduction",),
     # the D1 error comes before the all-reduce, so it wins over GLOO_NO_AVG on torch 2.7
-    expect=(Expect(status="error", torch="<2.15", match="must match the size of tensor b"), *GLOO_NO_AVG),
+    expect=(Expect(status="error", torch="<2.15", match="must match the size of tensor b"), GLOO_NO_AVG),
 )

@@ -9,14 +9,11 @@ from harness.spec import Expect, Scenario, Sharding, accumulate
 from scenarios._mixed import UsedUnused, batch
 
 SCENARIO = Scenario(
-    name="e_globally_unused_adamw",
-    summary="E: a layer no rank uses, unused-param reduction on, AdamW with weight decay",
     model=UsedUnused,
     batch=batch,
     forward=lambda model, x, ctx: model(x, use_unused=False).square().mean(),
     sharding=Sharding(reduce_scatter_unused_params=True),
     schedule=accumulate(2),
-    world_sizes=(1, 2, 4),
     patches=("unused_param_reduction", "restore_unused_param_grads"),
     expect=(Expect(status="mismatch", torch=">=2.13", match="reference None"),),
 )

@@ -10,14 +10,11 @@ from harness.spec import Expect, Scenario, Sharding, accumulate
 from scenarios._models import MLP, randn_batch
 
 SCENARIO = Scenario(
-    name="g_offload_grad_scaling",
-    summary="G: grads *= 0-dim scaler after accumulation, CPU offload",
     model=MLP,
     batch=randn_batch(),
     sharding=Sharding(units=("layers.0",), offload=True),
     schedule=accumulate(2),
     grad_scale=0.25,
-    world_sizes=(1, 2, 4),
     patches=("scale_grads",),
     bug_devices=("cuda",),
     expect=(Expect(status="error", devices=("cuda",), match="Expected all tensors to be on the same device"),),

@@ -21,8 +21,6 @@ class NarrowHead(nn.Module):
 
 
 SCENARIO = Scenario(
-    name="h_inf_norm_empty_shard",
-    summary="H: clip_grad_norm_(norm_type=inf) with a (1, 16) weight on 2+ ranks",
     model=NarrowHead,
     batch=lambda ctx: torch.randn(5, 7),
     clip=Clip(max_norm=0.05, norm_type=float("inf")),

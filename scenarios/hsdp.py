@@ -5,12 +5,10 @@ from scenarios._hsdp_usage import GLOO_NO_AVG
 from scenarios._models import MLP, randn_batch
 
 SCENARIO = Scenario(
-    name="hsdp",
-    summary="mesh (2, W/2), set_requires_all_reduce(False) then True; every param used",
     model=MLP,
     batch=randn_batch(),
     sharding=Sharding(units=("layers.0",), replicate=2),
     schedule=(MicroBatch(all_reduce=False), MicroBatch()),
     world_sizes=(2, 4),
-    expect=GLOO_NO_AVG,
+    expect=(GLOO_NO_AVG,),
 )

@@ -6,11 +6,8 @@ from harness.spec import Scenario, Sharding, accumulate
 from scenarios._models import MLP, randn_batch
 
 SCENARIO = Scenario(
-    name="mixed_precision",
-    summary="MixedPrecisionPolicy(bf16, fp32), 3 micro-batches (2 without sync)",
     model=MLP,
     batch=randn_batch(),
     sharding=Sharding(units=("layers.0", "layers.1"), param_dtype=torch.bfloat16, reduce_dtype=torch.float32),
     schedule=accumulate(3),
-    world_sizes=(1, 2, 4),
 )

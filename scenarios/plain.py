@@ -4,11 +4,8 @@ from harness.spec import Clip, Scenario, Sharding
 from scenarios._models import MLP, randn_batch
 
 SCENARIO = Scenario(
-    name="plain",
-    summary="per-layer fully_shard, fp32, clip_grad_norm_, 2 steps",
     model=MLP,
     batch=randn_batch(),
     sharding=Sharding(units=("layers.0", "layers.1", "layers.2")),
     clip=Clip(max_norm=0.05),
-    world_sizes=(1, 2, 4),
 )

@@ -5,3 +5,15 @@ ROOT = Path(__file__).resolve().parent.parent
 FIXTURE_SCENARIOS = ROOT / "tests" / "fixtures" / "scenarios"
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+
+def make_record(**fields):
+    """A ``harness.record.Record`` with the required fields filled in (tests override any)."""
+    from harness.record import Record
+
+    base = {"run_id": "r", "started_at": "2026-11-20T10:00:00Z", "scenario": "s", "variant": "vanilla",
+            "device": "cpu", "world_size": 2, "torch": "2.13.0", "status": "pass"}
+    data = {**base, **fields}
+    data.setdefault("expected", data["status"])
+    data.setdefault("as_expected", data["status"] in str(data["expected"]).split("|"))
+    return Record.from_json(data)

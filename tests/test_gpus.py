@@ -43,7 +43,7 @@ def test_skip_reasons():
 def test_backend_per_device_from_scenarios():
     from harness.registry import load_scenarios
 
-    s = load_scenarios()
+    s = load_scenarios().scenarios
     assert s["plain"].backend_for("cpu") == "gloo" and s["plain"].backend_for("cuda") == "nccl"
     assert s["f_offload_clip_nccl_only"].backend_for("cuda") == "nccl"
     assert s["f_offload_clip_mixed_backend"].backend_for("cuda") == "cpu:gloo,cuda:nccl"
@@ -59,9 +59,9 @@ def test_gpu_smoke_cells_exist_at_world_size_1_on_cuda():
     spec = importlib.util.spec_from_file_location("noxfile_under_test", ROOT / "noxfile.py")
     noxfile = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(noxfile)
-    scenarios = load_scenarios()
+    scenarios = load_scenarios().scenarios
     for name in noxfile.GPU_SMOKE:
         assert 1 in scenarios[name].world_sizes and "cuda" in scenarios[name].devices, name
     # the wrong-device scaling error is the documented vanilla outcome on cuda
     g = scenarios["g_offload_grad_scaling"]
-    assert g.expected(variant="vanilla", torch_version="2.13.0", device="cuda", world_size=1).status == "error"
+    assert g.expected(variant="vanilla", torch_version="2.13.0", device="cuda", world_size=1).status == ("error",)

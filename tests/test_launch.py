@@ -13,7 +13,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_hang_abort_and_error_are_classified_and_later_cells_run(tmp_path):
-    scenarios = load_scenarios([str(FIXTURE_SCENARIOS)])
+    scenarios = load_scenarios([str(FIXTURE_SCENARIOS)]).scenarios
     chosen = [scenarios[n] for n in ["fault_hang", "fault_abort", "fault_raise", "fault_after"]]
     cells = plan_cells(chosen, world_sizes=None, devices=["cpu"], variants=["vanilla"], explicit_scenarios=True)
     assert len({c.world_size for c in cells}) == 1  # one launch group: faults must not stop the rest
@@ -23,7 +23,7 @@ def test_hang_abort_and_error_are_classified_and_later_cells_run(tmp_path):
     opts = LaunchOptions(run_id="t", out_path=tmp_path / "r.jsonl", log_dir=tmp_path / "logs",
                          scenario_dirs=[str(FIXTURE_SCENARIOS)])
     t0 = time.time()
-    records = run_cells(cells, scenarios, opts)
+    records = [r.__dict__ for r in run_cells(cells, opts)]
     wall = time.time() - t0
     by_name = {r["scenario"]: r for r in records}
     assert [r["scenario"] for r in records] == ["fault_hang", "fault_abort", "fault_raise", "fault_after"]

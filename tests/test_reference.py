@@ -74,7 +74,7 @@ def test_reference_never_touches_torch_distributed():
         from harness.reference import run_reference
         from harness.registry import load_scenarios
         n = 0
-        for s in load_scenarios().values():
+        for s in load_scenarios().scenarios.values():
             for ws in s.world_sizes:
                 run_reference(s, ws)
                 n += 1

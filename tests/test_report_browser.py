@@ -114,8 +114,8 @@ def test_dom_shows_verdicts_and_versions(report: Path, tmp_path: Path) -> None:
     assert "FSDP2 patch compatibility report" in dom
     for text in ("patch needed", "patch broken", "fixed upstream", "not run", "ci-host", "unused_param_reduction"):
         assert text in dom, text
-    header = dom[dom.index('id="pivot-cpu"'):]
-    positions = [header.index(f"<th>{v}</th>") for v in ("2.9.1", "2.10.0", "2.13.0+cpu")]
+    header = dom[dom.index('id="verdicts-cpu"'):]
+    positions = [header.index(f">{v}</th>") for v in ("2.9.1", "2.10.0", "2.13.0+cpu")]
     assert positions == sorted(positions), "torch columns not in numeric order"
     assert "runs.jsonl:10: bad JSON" in dom
     assert "reduction not finished" in dom  # hover title / details

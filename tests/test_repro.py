@@ -74,7 +74,7 @@ def test_third_party_module_is_judged_needed_and_broken(tmp_path):
     assert records[("b2_mixed_dtype_late_param", "patched")]["status"] == "mismatch"
     assert res.returncode == 1  # the broken patch is an unexpected outcome
 
-    from harness.report import build_tables
+    from harness.tables import build_tables
 
     tables = build_tables([out])
     summary = {row.patch: row.status for row in tables.patches.itertuples()}

@@ -37,16 +37,25 @@ def test_expect_unknown_status_and_bad_range():
 )
 def test_expected_picks_first_matching_range(version, expected):
     s = _scenario(expect=(Expect(status="error", torch="<2.15", match="x"),))
-    assert s.expected(variant="vanilla", torch_version=version, device="cpu", world_size=2).status == expected
+    assert s.expected(variant="vanilla", torch_version=version, device="cpu", world_size=2).status == (expected,)
     # patched defaults to pass whatever the vanilla expectation
-    assert s.expected(variant="patched", torch_version=version, device="cpu", world_size=2).status == "pass"
+    assert s.expected(variant="patched", torch_version=version, device="cpu", world_size=2).status == ("pass",)
 
 
 def test_expect_filters_device_and_world_size():
     s = _scenario(expect=(Expect(status="hang|crash", devices=("cuda",), world_sizes=(2,)),))
-    assert s.expected(variant="vanilla", torch_version="2.13.0", device="cuda", world_size=2).status == "hang|crash"
-    assert s.expected(variant="vanilla", torch_version="2.13.0", device="cpu", world_size=2).status == "pass"
-    assert s.expected(variant="vanilla", torch_version="2.13.0", device="cuda", world_size=4).status == "pass"
+    assert s.expected(variant="vanilla", torch_version="2.13.0", device="cuda", world_size=2).status == ("hang", "crash")
+    assert s.expected(variant="vanilla", torch_version="2.13.0", device="cpu", world_size=2).status == ("pass",)
+    assert s.expected(variant="vanilla", torch_version="2.13.0", device="cuda", world_size=4).status == ("pass",)
+
+
+def test_expect_covers_several_variants():
+    both = Expect(status="error", variants=("vanilla", "patched"))
+    s = _scenario(expect=(both,))
+    assert {s.expected(variant=v, torch_version="2.13.0", device="cpu", world_size=2).status
+            for v in ("vanilla", "patched")} == {("error",)}
+    with pytest.raises(ValueError, match="unknown variant 'patchd'"):
+        Expect(status="error", variants=("patchd",))
 
 
 def test_batch_seed_differs_by_rank_step_micro_batch():

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
-from harness.verdict import (
+from harness.names import (
     EXPECTED_FAILURE,
     FIXED_UPSTREAM,
     NOT_APPLICABLE,
@@ -20,8 +18,11 @@ from harness.verdict import (
     PS_NOT_RUN,
     PS_RETIRE,
     REGRESSION,
-    VERDICT_RULES,
     VERDICTS,
+)
+from harness.record import Record
+from harness.verdict import (
+    VERDICT_RULES,
     combine_patch_statuses,
     judge,
     match_rule,
@@ -29,6 +30,7 @@ from harness.verdict import (
     patch_contributions,
     unexpected_notes,
 )
+from tests.conftest import make_record
 
 PATCHES = ["unused_param_reduction"]
 
@@ -41,21 +43,19 @@ def rec(
     patches: list[str] | None = None,
     install: dict[str, str] | None = None,
     expected_match: str | None = None,
-) -> dict[str, Any] | None:
+    as_expected: bool | None = None,
+    bug_observable: bool = True,
+) -> Record | None:
     """A minimal record; ``expected`` defaults to ``status`` (as expected)."""
     if status is None:
         return None
     expected = status if expected is None else expected
-    return {
-        "scenario": "s",
-        "variant": variant,
-        "status": status,
-        "expected": expected,
-        "expected_match": expected_match,
-        "as_expected": status == expected,
-        "patches": PATCHES if patches is None else patches,
-        "patch_install": {name: {"status": st, "reason": f"{st} reason"} for name, st in (install or {}).items()},
-    }
+    return make_record(
+        variant=variant, status=status, expected=expected, expected_match=expected_match,
+        as_expected=status == expected if as_expected is None else as_expected, bug_observable=bug_observable,
+        patches=PATCHES if patches is None else patches,
+        patch_install={name: {"status": st, "reason": f"{st} reason"} for name, st in (install or {}).items()},
+    )
 
 
 # vanilla (status, expected), patched (status, expected), patches, install map, verdict
@@ -149,9 +149,9 @@ def test_outcome(record, variant, expected) -> None:
         (rec("hang", expected="error|mismatch"), None, ("vanilla hang, expected error|mismatch",)),
         (rec("error", expected="pass|mismatch"), None, ("vanilla error, expected pass|mismatch",)),
         (rec("pass", expected="error|mismatch"), None, ("vanilla unexpectedly passes (expected error|mismatch)",)),
-        (rec("mismatch", expected="error|mismatch", expected_match="grad") | {"as_expected": False}, None,
+        (rec("mismatch", expected="error|mismatch", expected_match="grad", as_expected=False), None,
          ("vanilla mismatch does not contain 'grad'",)),
-        (rec("error", expected_match="no attribute") | {"as_expected": False}, None,
+        (rec("error", expected_match="no attribute", as_expected=False), None,
          ("vanilla error does not contain 'no attribute'",)),
         (None, rec("pass", variant="patched", install={"b": "error", "a": "installed"}),
          ("patch b install error: error reason",)),
@@ -204,9 +204,7 @@ def test_combine_patch_statuses(statuses, combined) -> None:
 
 
 def test_a_bug_that_cannot_show_on_the_device_is_ok_not_fixed_upstream():
-    from harness.verdict import FIXED_UPSTREAM, OK, judge
-
-    base = {"status": "pass", "as_expected": True, "patches": ["scale_grads"]}
-    assert judge(dict(base), dict(base)).verdict == FIXED_UPSTREAM
-    hidden = {**base, "bug_observable": False}
-    assert judge(dict(hidden), dict(hidden)).verdict == OK
+    seen = rec("pass", patches=["scale_grads"])
+    assert judge(seen, rec("pass", variant="patched", patches=["scale_grads"])).verdict == FIXED_UPSTREAM
+    hidden = rec("pass", patches=["scale_grads"], bug_observable=False)
+    assert judge(hidden, rec("pass", variant="patched", patches=["scale_grads"], bug_observable=False)).verdict == OK

@@ -1,0 +1,43 @@
+"""What a launch's log says about how it died: torchrun's failure summary, a signal, a
+C++ ``what()`` line, or the last Python exception."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+__all__ = ["crash_cause", "tail"]
+
+_SIGNAL = re.compile(r"Signal (\d+) \((\w+)\) received by PID")
+_EXITCODE = re.compile(r"exitcode\s*:\s*(-?\d+)")
+_RANK = re.compile(r"rank\s*:\s*(\d+) \(local_rank")
+_WHAT = re.compile(r"what\(\):\s*(.+)")
+
+
+def crash_cause(log_path: Path) -> tuple[str, str, int | None]:
+    """(exception type, first line, rank) from torchrun's failure summary or the last error."""
+    text = log_path.read_text(errors="replace") if log_path.exists() else ""
+    root = text[text.find("Root Cause") :] if "Root Cause" in text else text
+    rank_m = _RANK.search(root)
+    rank = int(rank_m.group(1)) if rank_m else None
+    sig = _SIGNAL.search(root)
+    if sig:
+        what = _WHAT.search(text)  # a C++ exception that ended the process (gloo enforce, ...)
+        detail = f": {what.group(1).strip()[:400]}" if what else ""
+        return "Signal", f"rank {rank} died: signal {sig.group(1)} ({sig.group(2)}){detail}", rank
+    errors = [
+        ln for ln in text.splitlines() if re.search(r"\b\w+(Error|Exception)\b: ", ln) and "ChildFailedError" not in ln
+    ]
+    if errors:
+        line = re.sub(r"^(\[rank\d+\]:\s*)+", "", errors[-1]).strip()
+        return line.split(":", 1)[0], line[:500], rank
+    code = _EXITCODE.search(root)
+    if code:
+        return "ExitCode", f"rank {rank} exited with code {code.group(1)}", rank
+    return "LaunchError", "launch ended without a result (see log)", rank
+
+
+def tail(path: Path, n: int) -> str:
+    if not path.exists():
+        return ""
+    return "\n".join(path.read_text(errors="replace").splitlines()[-n:])

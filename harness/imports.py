@@ -1,0 +1,34 @@
+"""Import a Python file or package folder by path (scenario folders, patches modules)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+__all__ = ["import_file"]
+
+
+def import_file(path: str | Path, name: str) -> ModuleType:
+    """Import ``path`` (a ``.py`` file, or a package folder holding ``__init__.py``) as
+    module ``name``, cached in ``sys.modules``; a failing import leaves no
+    half-initialized module behind."""
+    if name in sys.modules:
+        return sys.modules[name]
+    path = Path(path)
+    if path.is_dir():
+        spec = importlib.util.spec_from_file_location(name, path / "__init__.py",
+                                                      submodule_search_locations=[str(path)])
+    else:
+        spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None, path
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        for loaded in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
+            del sys.modules[loaded]
+        raise
+    return module

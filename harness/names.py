@@ -1,0 +1,79 @@
+"""The project's vocabulary, in one torch-free place: statuses, variants, devices,
+verdicts and patch statuses, and the ``"a|b"`` status syntax.
+
+Every other module imports these names from here; nothing else defines them.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "DEVICES",
+    "EXPECTED_FAILURE",
+    "FIXED_UPSTREAM",
+    "NOT_APPLICABLE",
+    "NOT_RUN",
+    "OK",
+    "PATCH_BROKEN",
+    "PATCH_NEEDED",
+    "PATCH_STATUSES",
+    "PS_BROKEN",
+    "PS_NEEDED",
+    "PS_NOT_APPLICABLE",
+    "PS_NOT_RUN",
+    "PS_RETIRE",
+    "REGRESSION",
+    "VERDICTS",
+    "FAILING",
+    "INSTALL_STATUSES",
+    "STATUSES",
+    "VARIANTS",
+    "format_statuses",
+    "parse_statuses",
+]
+
+#: Every status a cell can end with.
+STATUSES: tuple[str, ...] = ("pass", "mismatch", "error", "hang", "crash", "skip")
+#: The statuses that mean the cell went wrong.
+FAILING: frozenset[str] = frozenset({"mismatch", "error", "hang", "crash"})
+#: How a cell treats the patches module: stock torch, or the scenario's own patches.
+VARIANTS: tuple[str, ...] = ("vanilla", "patched")
+DEVICES: tuple[str, ...] = ("cpu", "cuda")
+#: What a patch's install function may report.
+INSTALL_STATUSES: tuple[str, ...] = ("installed", "already-installed", "not-applicable", "error")
+
+# Cell verdicts, most severe first (the order of legends and counts).
+PATCH_BROKEN = "patch broken"
+REGRESSION = "regression"
+PATCH_NEEDED = "patch needed"
+FIXED_UPSTREAM = "fixed upstream"
+EXPECTED_FAILURE = "expected failure"
+OK = "ok"
+NOT_APPLICABLE = "n/a"
+NOT_RUN = "not run"
+VERDICTS: tuple[str, ...] = (
+    PATCH_BROKEN, REGRESSION, PATCH_NEEDED, FIXED_UPSTREAM, EXPECTED_FAILURE, OK, NOT_APPLICABLE, NOT_RUN,
+)
+
+# Per-patch statuses, strongest first.
+PS_BROKEN = "broken"
+PS_NEEDED = "needed"
+PS_RETIRE = "retire"
+PS_NOT_APPLICABLE = "not applicable"
+PS_NOT_RUN = "not run"
+PATCH_STATUSES: tuple[str, ...] = (PS_BROKEN, PS_NEEDED, PS_RETIRE, PS_NOT_APPLICABLE, PS_NOT_RUN)
+
+
+def parse_statuses(text: str | tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """``"hang|crash"`` -> ``("hang", "crash")``; ``ValueError`` naming an unknown status."""
+    items = tuple(text.split("|")) if isinstance(text, str) else tuple(text)
+    if not items:
+        raise ValueError("an expected status is required")
+    for s in items:
+        if s not in STATUSES:
+            raise ValueError(f"unknown status {s!r} (choose from {', '.join(STATUSES)})")
+    return items
+
+
+def format_statuses(statuses: tuple[str, ...] | list[str]) -> str:
+    """The inverse of ``parse_statuses``: ``("hang", "crash")`` -> ``"hang|crash"``."""
+    return "|".join(statuses)

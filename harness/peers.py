@@ -1,0 +1,125 @@
+"""How the ranks of a cell agree on its outcome, through torchrun's store (never through
+the cell's own process group, which a failure may have broken).
+
+Each rank posts a ``RankOutcome``; rank 0 collects them, blames the root cause, and
+marks the cell recorded. A rank that failed while a peer is blocked in a collective
+shuts its collective sockets so that peer fails at once instead of at the timeout.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import socket
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch.distributed as dist
+
+__all__ = ["RankOutcome", "all_reported", "blame", "collect_outcomes", "post", "shutdown_peer_sockets", "wait"]
+
+_COMM_FAILURE_MARKERS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+_TIMEOUT_MARKERS = ("timed out", "Timed out", "timeout after", "Timeout")
+
+
+@dataclass(kw_only=True)
+class RankOutcome:
+    rank: int
+    ok: bool
+    exc_type: str | None = None
+    exc_msg: str | None = None
+    traceback: str | None = None
+    t_fail: float | None = None
+
+    @property
+    def comm_failure(self) -> bool:
+        return any(m in (self.exc_msg or "") for m in _COMM_FAILURE_MARKERS)
+
+    @property
+    def timed_out(self) -> bool:
+        return any(m in (self.exc_msg or "") for m in _TIMEOUT_MARKERS)
+
+
+def post(store: dist.Store, prefix: str, outcome: RankOutcome) -> None:
+    store.set(f"{prefix}/status/{outcome.rank}", json.dumps(asdict(outcome)))
+
+
+def all_reported(store: dist.Store, prefix: str, world: int, wait_s: float) -> bool:
+    keys = [f"{prefix}/status/{r}" for r in range(world)]
+    deadline = time.time() + wait_s
+    while not store.check(keys):
+        if time.time() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def collect_outcomes(store: dist.Store, prefix: str, world: int, timeout_s: float) -> tuple[list[RankOutcome], list[int]]:
+    """Every rank's outcome, waiting at most ``timeout_s`` in all; and the ranks that never reported."""
+    deadline = time.time() + timeout_s
+    outcomes: list[RankOutcome] = []
+    missing: list[int] = []
+    for r in range(world):
+        key = f"{prefix}/status/{r}"
+        if not wait(store, [key], max(1.0, deadline - time.time())):
+            missing.append(r)
+            continue
+        outcomes.append(RankOutcome(**json.loads(store.get(key))))
+    return outcomes, missing
+
+
+def wait(store: dist.Store, keys: list[str], timeout_s: float) -> bool:
+    try:
+        store.wait(keys, datetime.timedelta(seconds=timeout_s))
+        return True
+    except Exception:
+        return False
+
+
+def blame(outcomes: list[RankOutcome]) -> dict[str, Any]:
+    """Record fields for the root-cause failure: a rank's own error beats a peer's connection loss."""
+    failed = [o for o in outcomes if not o.ok]
+    primary = sorted(failed, key=lambda o: (o.comm_failure, o.timed_out, o.t_fail or 0.0, o.rank))[0]
+    return dict(
+        status="hang" if primary.timed_out else "error",
+        exc_type=primary.exc_type,
+        exc_msg=primary.exc_msg,
+        failing_rank=primary.rank,
+        traceback=primary.traceback,
+        failed_ranks=[o.rank for o in failed],
+        rank_errors={str(o.rank): f"{o.exc_type}: {o.exc_msg}" for o in failed},
+    )
+
+
+def shutdown_peer_sockets() -> bool:
+    """Shut every TCP connection of this process except the one to torchrun's store.
+
+    The failed cell's process group is already aborted and destroyed, but its sockets
+    stay open while anything references it; a peer blocked in a collective on them then
+    waits for the timeout. Returns whether any socket was shut (Linux: /proc/self/fd).
+    """
+    store_port = int(os.environ.get("MASTER_PORT", "0"))
+    shut = False
+    try:
+        fds = [int(fd) for fd in os.listdir("/proc/self/fd")]
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if not os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+                continue
+            s = socket.socket(fileno=os.dup(fd))
+        except OSError:
+            continue
+        try:
+            if s.family in (socket.AF_INET, socket.AF_INET6) and s.type == socket.SOCK_STREAM:
+                if s.getpeername()[1] != store_port:
+                    s.shutdown(socket.SHUT_RDWR)
+                    shut = True
+        except OSError:
+            pass  # not connected (a listener) or already closed
+        finally:
+            s.close()  # closes the duplicate only
+    return shut

@@ -1,0 +1,92 @@
+"""One harness run, as a pipeline: check the request, load the scenarios, plan the cells,
+launch them, return their records.
+
+``ValueError`` (one line, naming the problem) for bad input, before anything starts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness.launch import LaunchOptions, run_cells
+from harness.patch_source import PatchSource, check_patch_names, locate
+from harness.patching import DEFAULT_MODULE
+from harness.plan import Cell, all_patch_names, plan_cells
+from harness.record import Record
+from harness.registry import load_scenarios, select
+
+__all__ = ["RunRequest", "run"]
+
+
+@dataclass(kw_only=True)
+class RunRequest:
+    scenarios: list[str] = field(default_factory=list)
+    world_sizes: list[int] = field(default_factory=list)
+    devices: list[str] = field(default_factory=lambda: ["cpu"])
+    variants: list[str] = field(default_factory=lambda: ["vanilla", "patched"])
+    patches: str = "fsdp_patches"
+    patch_mapping: dict[str, str] = field(default_factory=dict)
+    timeout_s: float | None = None
+    scenario_dirs: list[str] = field(default_factory=list)
+    isolate: str = "snapshot"
+    dump: Path | None = None
+    expect_torch: str | None = None
+    run_id: str
+    out: Path
+    nnodes: int = 1
+    node_rank: int = 0
+    rdzv_endpoint: str | None = None
+
+
+def run(req: RunRequest, *, on_start: Callable[[int, Path], None] | None = None,
+        on_record: Callable[[Record, int], None] | None = None) -> list[Record]:
+    """Plan, validate and run every cell of ``req``; their records, in the order written."""
+    if req.expect_torch:
+        _check_torch(req.expect_torch)
+    library = load_scenarios(req.scenario_dirs)
+    chosen = select(library.scenarios, req.scenarios)
+    source = locate(req.patches)  # read, not imported: the workers import it under the watchdog
+    check_patch_names({s.name: s.patches for s in chosen}, [source, *_own_module(req.patches)], req.patch_mapping)
+    cells = plan_cells(chosen, world_sizes=req.world_sizes or None, devices=req.devices, variants=req.variants,
+                       explicit_scenarios=bool(req.scenarios), timeout_s=req.timeout_s,
+                       baseline_patches=all_patch_names(list(library.scenarios.values())))
+    if not cells:
+        raise ValueError("nothing to run: no scenario supports the chosen world sizes and devices")
+    _check_nodes(req, cells)
+    opts = LaunchOptions(
+        run_id=req.run_id, out_path=req.out, log_dir=req.out.parent / f"{req.out.stem}.logs",
+        patches_module=req.patches, patch_mapping=req.patch_mapping, scenario_dirs=req.scenario_dirs,
+        on_record=(lambda rec: on_record(rec, len(cells))) if on_record else None, dump_dir=req.dump,
+        isolate=req.isolate, nnodes=req.nnodes, node_rank=req.node_rank, rdzv_endpoint=req.rdzv_endpoint,
+    )
+    if on_start is not None:
+        on_start(len(cells), req.out)
+    return run_cells(cells, opts)
+
+
+def _own_module(spec: str) -> list[PatchSource]:
+    """The project's own patches module, whose names are known whatever module is under test."""
+    if spec == DEFAULT_MODULE:
+        return []
+    try:
+        return [locate(DEFAULT_MODULE)]
+    except ValueError:
+        return []
+
+
+def _check_torch(wanted: str) -> None:
+    from importlib.metadata import version
+
+    from harness.spec import torch_release
+
+    installed = version("torch")
+    if str(torch_release(installed)) != wanted:
+        raise ValueError(f"installed torch {installed} is not the requested {wanted}")
+
+
+def _check_nodes(req: RunRequest, cells: list[Cell]) -> None:
+    for c in cells:
+        if c.world_size % req.nnodes:
+            raise ValueError(f"world size {c.world_size} is not divisible by --nnodes {req.nnodes} (cell {c.label})")
