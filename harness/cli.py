@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+from harness.names import VARIANTS
 from harness.record import Record, RecordError
 
 __all__ = ["main"]
@@ -63,7 +64,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--scenario", action="append", default=[], help="scenario name (repeatable; default: all)")
     run.add_argument("--world-size", action="append", type=int, default=[], help="world size (repeatable)")
     run.add_argument("--device", action="append", default=[], help="cpu or cuda (repeatable; default cpu)")
-    run.add_argument("--variant", action="append", default=[], help="vanilla or patched (repeatable; default both)")
+    run.add_argument("--variant", action="append", default=[], choices=VARIANTS,
+                     help="vanilla, patched (the scenario's patches), deployed (every patch of the module) or api "
+                          "(the public API where torch has one); repeatable; default all")
     run.add_argument("--out", default=None, help="records file (JSON lines, appended); default runs/<run id>.jsonl")
     run.add_argument("--isolate", choices=["snapshot", "process"], default="snapshot",
                      help="patch sets share a launch and are undone in turn (snapshot), or get launches of their own")
@@ -81,7 +84,7 @@ def _parser() -> argparse.ArgumentParser:
     rp = sub.add_parser("repro", parents=[scen, cell], help="reproduce one cell here; --export writes a standalone script")
     rp.add_argument("scenario")
     rp.add_argument("--world-size", type=int, default=None, help="default: 2 where supported, else the smallest")
-    rp.add_argument("--variant", choices=["vanilla", "patched"], default="vanilla")
+    rp.add_argument("--variant", choices=VARIANTS, default="vanilla")
     rp.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     rp.add_argument("--export", default=None, metavar="PATH", help="also write a standalone script that needs only torch")
     rp.add_argument("--out", default=None, help="keep the record in this file (JSON lines, appended)")
@@ -110,10 +113,12 @@ def parse_mapping(items: list[str]) -> dict[str, str]:
 def _cmd_list(args: argparse.Namespace) -> int:
     from harness.registry import load_scenarios
 
-    for s in load_scenarios(args.scenarios_dir).scenarios.values():
-        sizes = ",".join(str(w) for w in s.world_sizes)
-        patches = ",".join(s.patches) or "-"
-        print(f"{s.name:<28} w={sizes:<7} devices={','.join(s.devices):<9} patches={patches:<48} {s.summary}")
+    rows = [(s.name, ",".join(map(str, s.world_sizes)), ",".join(s.devices), ",".join(s.patches) or "-", s.summary)
+            for s in load_scenarios(args.scenarios_dir).scenarios.values()]
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    for name, sizes, devices, patches, summary in rows:
+        print(f"{name:<{widths[0]}}  w={sizes:<{widths[1]}}  {devices:<{widths[2]}}  {summary}\n"
+              f"{'':<{widths[0]}}  patches: {patches}")
     return 0
 
 
@@ -127,7 +132,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     run_id = args.run_id or datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     req = RunRequest(
         scenarios=args.scenario, world_sizes=args.world_size, devices=args.device or ["cpu"],
-        variants=args.variant or ["vanilla", "patched"], patches=args.patches,
+        variants=args.variant or list(VARIANTS), patches=args.patches,
         patch_mapping=parse_mapping(args.patch_map), timeout_s=args.timeout, scenario_dirs=args.scenarios_dir,
         isolate=args.isolate, dump=Path(args.dump) if args.dump else None, expect_torch=args.expect_torch,
         run_id=run_id, out=Path(args.out) if args.out else Path("runs") / f"{run_id}.jsonl",

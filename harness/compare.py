@@ -3,21 +3,26 @@
 Checked per step: grad presence (None vs tensor, and presence that differs across ranks),
 grads, total grad norm, clipped grads, post-step params, optimizer-state presence.
 
-Tolerance policy (by the cell's compute dtype, i.e. ``Sharding.param_dtype``; fp32 when
-unset): PyTorch's own ``torch.testing`` defaults for that dtype, applied elementwise as
+Tolerance policy: each tensor is judged by its own dtype (the reference tensor's), with
+PyTorch's ``torch.testing`` defaults for that dtype, elementwise
 ``|observed - reference| <= atol + rtol * |reference|``:
 
 ====================  ========  =======
-compute dtype         rtol      atol
+tensor dtype          rtol      atol
 ====================  ========  =======
 float32               1.3e-6    1e-5
 bfloat16              1.6e-2    1e-5
 float16               1e-3      1e-5
 ====================  ========  =======
 
-The reference emulates the compute dtype (see ``harness.reference``), so bf16 cells
-normally agree far more closely than their tolerance; the tolerance covers reduction
-order only. Presence and optimizer-state differences are never tolerated.
+So in a bf16-compute cell the fp32 reduced grads and fp32 master params get the fp32
+tolerance: the reference emulates the bf16 compute (``harness.reference``), and the
+tolerance covers reduction order only. Norms are fp32 scalars. Presence and
+optimizer-state differences are never tolerated.
+
+Non-finite values: a NaN or inf in the reference means the scenario itself is wrong
+(``Comparison.reference_nonfinite``); one on the FSDP side only is a mismatch whose
+note says "non-finite".
 """
 
 from __future__ import annotations
@@ -28,9 +33,8 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from harness.snapshot import StepSnapshot
-from harness.spec import Scenario
 
-__all__ = ["Comparison", "Diff", "TOLERANCES", "Tolerance", "compare_runs", "tolerance_for"]
+__all__ = ["Comparison", "Diff", "TOLERANCES", "Tolerance", "compare_runs", "tolerance_of"]
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -44,11 +48,13 @@ TOLERANCES: dict[torch.dtype, Tolerance] = {
     torch.float32: Tolerance(dtype="float32", rtol=1.3e-6, atol=1e-5),
     torch.bfloat16: Tolerance(dtype="bfloat16", rtol=1.6e-2, atol=1e-5),
     torch.float16: Tolerance(dtype="float16", rtol=1e-3, atol=1e-5),
+    torch.float64: Tolerance(dtype="float64", rtol=1e-7, atol=1e-7),
 }
 
 
-def tolerance_for(scenario: Scenario) -> Tolerance:
-    return TOLERANCES[scenario.sharding.param_dtype or torch.float32]
+def tolerance_of(t: torch.Tensor) -> Tolerance:
+    """The tolerance for a tensor of ``t``'s dtype (fp32's for anything not listed)."""
+    return TOLERANCES.get(t.dtype, TOLERANCES[torch.float32])
 
 
 @dataclass(kw_only=True)
@@ -74,6 +80,8 @@ class Comparison:
     diffs: list[Diff] = field(default_factory=list)
     grad_norm: float | None = None
     ref_grad_norm: float | None = None
+    #: labels of reference quantities that are NaN or inf (the scenario is wrong)
+    reference_nonfinite: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -96,29 +104,33 @@ class Comparison:
         }
 
 
-def compare_runs(observed: list[StepSnapshot], reference: list[StepSnapshot], tol: Tolerance) -> Comparison:
+def compare_runs(observed: list[StepSnapshot], reference: list[StepSnapshot]) -> Comparison:
     result = Comparison()
     assert len(observed) == len(reference), "observed and reference must cover the same steps"
     for obs, ref in zip(observed, reference):
         step = obs.step
-        result.diffs += _compare_grads(step, "grad", obs.grads, ref.grads, obs.inconsistent, tol)
+        result.diffs += _compare_grads(step, "grad", obs.grads, ref.grads, obs.inconsistent)
         if ref.grad_norm is not None or obs.grad_norm is not None:
-            result.diffs.append(_compare_scalar(step, "grad_norm", obs.grad_norm, ref.grad_norm, tol))
+            result.diffs.append(_compare_scalar(step, "grad_norm", obs.grad_norm, ref.grad_norm))
             if result.grad_norm is None:
                 result.grad_norm, result.ref_grad_norm = obs.grad_norm, ref.grad_norm
         if ref.clipped or obs.clipped:
-            result.diffs += _compare_grads(step, "clipped", obs.clipped, ref.clipped, {}, tol)
+            result.diffs += _compare_grads(step, "clipped", obs.clipped, ref.clipped, {})
         for name, r in ref.params.items():
-            result.diffs.append(_compare_tensor(step, "param", name, obs.params.get(name), r, tol))
+            result.diffs.append(_compare_tensor(step, "param", name, obs.params.get(name), r))
         for name, r in ref.opt_state.items():
             o = obs.opt_state.get(name)
             ok = o == r
             note = "" if ok else f"optimizer state: observed {'present' if o else 'absent'}, reference {'present' if r else 'absent'}"
             result.diffs.append(Diff(step=step, kind="opt_state", name=name, ok=ok, score=0.0 if ok else math.inf, note=note))
+    result.reference_nonfinite = [d.label for d in result.diffs if d.note == _REF_NONFINITE]
     return result
 
 
-def _compare_grads(step, kind, obs, ref, inconsistent, tol) -> list[Diff]:
+_REF_NONFINITE = "reference is non-finite"
+
+
+def _compare_grads(step, kind, obs, ref, inconsistent) -> list[Diff]:
     diffs = []
     for name, r in ref.items():
         o = obs.get(name)
@@ -131,7 +143,7 @@ def _compare_grads(step, kind, obs, ref, inconsistent, tol) -> list[Diff]:
         elif r is None:
             diffs.append(_presence(step, name, f"observed grad (max |g| {_amax(o):.3g}), reference None"))
         else:
-            diffs.append(_compare_tensor(step, kind, name, o, r, tol))
+            diffs.append(_compare_tensor(step, kind, name, o, r))
     return diffs
 
 
@@ -139,34 +151,33 @@ def _presence(step: int, name: str, note: str) -> Diff:
     return Diff(step=step, kind="presence", name=name, ok=False, score=math.inf, note=note)
 
 
-def _compare_tensor(step, kind, name, o, r, tol) -> Diff:
+def _compare_tensor(step, kind, name, o, r) -> Diff:
     if o is None:
         return Diff(step=step, kind=kind, name=name, ok=False, score=math.inf, note="missing on the FSDP side")
     if o.shape != r.shape:
         return Diff(step=step, kind=kind, name=name, ok=False, score=math.inf, note=f"shape {tuple(o.shape)} vs {tuple(r.shape)}")
+    if not bool(torch.isfinite(r).all()):
+        return Diff(step=step, kind=kind, name=name, ok=False, score=math.inf, note=_REF_NONFINITE)
+    tol = tolerance_of(r)
     o64, r64 = o.detach().to(torch.float64), r.detach().to(torch.float64)
+    if not bool(torch.isfinite(o64).all()):
+        bad = int((~torch.isfinite(o64)).sum())
+        return Diff(step=step, kind=kind, name=name, ok=False, score=math.inf,
+                    note=f"non-finite: {bad} of {o64.numel()} values NaN or inf on the FSDP side")
     err = (o64 - r64).abs()
     bound = tol.atol + tol.rtol * r64.abs()
     max_abs = float(err.max()) if err.numel() else 0.0
     scale = float(r64.abs().max()) if r64.numel() else 0.0
     score = float((err / bound).max()) if err.numel() else 0.0
-    if not math.isfinite(max_abs):
-        score = math.inf
-    return Diff(
-        step=step,
-        kind=kind,
-        name=name,
-        max_abs=max_abs,
-        max_rel=max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else math.inf),
-        ok=score <= 1.0,
-        score=score,
-    )
+    return Diff(step=step, kind=kind, name=name, max_abs=max_abs,
+                max_rel=max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else math.inf),
+                ok=score <= 1.0, score=score)
 
 
-def _compare_scalar(step, kind, o, r, tol) -> Diff:
+def _compare_scalar(step, kind, o, r) -> Diff:
     if o is None or r is None:
         return Diff(step=step, kind=kind, name="total", ok=False, score=math.inf, note=f"observed {o}, reference {r}")
-    return _compare_tensor(step, kind, "total", torch.tensor(o), torch.tensor(r), tol)
+    return _compare_tensor(step, kind, "total", torch.tensor(o, dtype=torch.float32), torch.tensor(r, dtype=torch.float32))
 
 
 def _amax(t: torch.Tensor) -> float:

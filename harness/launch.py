@@ -41,6 +41,7 @@ class LaunchOptions:
     out_path: Path
     log_dir: Path
     patches_module: str = "fsdp_patches"
+    patches_module_id: str = ""
     patch_mapping: dict[str, str] = field(default_factory=dict)
     scenario_dirs: list[str] = field(default_factory=list)
     #: save each passing-or-mismatching cell's observed tensors here (``torch.save``)
@@ -106,6 +107,7 @@ def _launch(
         device=first.device,
         world_size=first.world_size,
         patches_module=opts.patches_module,
+        patches_module_id=opts.patches_module_id,
         patch_mapping=opts.patch_mapping,
         out_path=str(opts.out_path.resolve()),
         progress_path=str((opts.log_dir / f"{launch_id}.progress").resolve()),
@@ -270,6 +272,7 @@ def _outside_record(cell: Cell, opts: LaunchOptions, status: str, t0: float, log
     if log_path is not None:
         fields.update(log=str(log_path), traceback=tail(log_path, 60))
     rec = record.new_record(cell, run_id=opts.run_id, launch_id="launcher", patches_module=opts.patches_module,
+                            patches_module_id=opts.patches_module_id,
                             t0=t0, status=status, **fields)
     record.append(opts.out_path, record.finish(rec, t0))
     return rec

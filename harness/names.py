@@ -8,20 +8,28 @@ from __future__ import annotations
 
 __all__ = [
     "DEVICES",
+    "BACKPORT",
+    "DEPLOYED_BROKEN",
     "EXPECTED_FAILURE",
     "FIXED_UPSTREAM",
     "NOT_APPLICABLE",
+    "NOT_PROVIDED",
     "NOT_RUN",
     "OK",
     "PATCH_BROKEN",
     "PATCH_NEEDED",
     "PATCH_STATUSES",
+    "PS_API",
+    "PS_BACKPORT",
     "PS_BROKEN",
     "PS_NEEDED",
     "PS_NOT_APPLICABLE",
+    "PS_NOT_PROVIDED",
     "PS_NOT_RUN",
     "PS_RETIRE",
     "REGRESSION",
+    "UPSTREAM_BUG",
+    "USE_API",
     "VERDICTS",
     "FAILING",
     "INSTALL_STATUSES",
@@ -35,32 +43,45 @@ __all__ = [
 STATUSES: tuple[str, ...] = ("pass", "mismatch", "error", "hang", "crash", "skip")
 #: The statuses that mean the cell went wrong.
 FAILING: frozenset[str] = frozenset({"mismatch", "error", "hang", "crash"})
-#: How a cell treats the patches module: stock torch, or the scenario's own patches.
-VARIANTS: tuple[str, ...] = ("vanilla", "patched")
+#: How a cell treats the patches module: stock torch; the scenario's own patches; every
+#: patch of the module, as users ship it; stock torch with the public API that replaces
+#: the scenario's patch turned on.
+VARIANTS: tuple[str, ...] = ("vanilla", "patched", "deployed", "api")
 DEVICES: tuple[str, ...] = ("cpu", "cuda")
 #: What a patch's install function may report.
-INSTALL_STATUSES: tuple[str, ...] = ("installed", "already-installed", "not-applicable", "error")
+INSTALL_STATUSES: tuple[str, ...] = ("installed", "already-installed", "not-applicable", "not-provided", "error")
 
 # Cell verdicts, most severe first (the order of legends and counts).
 PATCH_BROKEN = "patch broken"
+DEPLOYED_BROKEN = "deployed set broken"
+NOT_PROVIDED = "not provided"
 REGRESSION = "regression"
+UPSTREAM_BUG = "upstream bug"
 PATCH_NEEDED = "patch needed"
+USE_API = "use public API"
+BACKPORT = "backport"
 FIXED_UPSTREAM = "fixed upstream"
 EXPECTED_FAILURE = "expected failure"
 OK = "ok"
 NOT_APPLICABLE = "n/a"
 NOT_RUN = "not run"
 VERDICTS: tuple[str, ...] = (
-    PATCH_BROKEN, REGRESSION, PATCH_NEEDED, FIXED_UPSTREAM, EXPECTED_FAILURE, OK, NOT_APPLICABLE, NOT_RUN,
+    PATCH_BROKEN, DEPLOYED_BROKEN, NOT_PROVIDED, REGRESSION, UPSTREAM_BUG, PATCH_NEEDED, USE_API, BACKPORT,
+    FIXED_UPSTREAM, EXPECTED_FAILURE, OK, NOT_APPLICABLE, NOT_RUN,
 )
 
-# Per-patch statuses, strongest first.
+# Per-patch statuses, strongest first: what a maintainer does with the patch on that torch.
 PS_BROKEN = "broken"
+PS_NOT_PROVIDED = "not provided"
 PS_NEEDED = "needed"
+PS_API = "use public API"
+PS_BACKPORT = "backport"
 PS_RETIRE = "retire"
 PS_NOT_APPLICABLE = "not applicable"
 PS_NOT_RUN = "not run"
-PATCH_STATUSES: tuple[str, ...] = (PS_BROKEN, PS_NEEDED, PS_RETIRE, PS_NOT_APPLICABLE, PS_NOT_RUN)
+PATCH_STATUSES: tuple[str, ...] = (
+    PS_BROKEN, PS_NOT_PROVIDED, PS_NEEDED, PS_API, PS_BACKPORT, PS_RETIRE, PS_NOT_APPLICABLE, PS_NOT_RUN,
+)
 
 
 def parse_statuses(text: str | tuple[str, ...] | list[str]) -> tuple[str, ...]:

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["PatchSource", "check_patch_names", "is_path", "locate", "patch_names_in"]
+__all__ = ["PatchSource", "check_patch_names", "deployed_patches", "is_path", "locate", "patch_names_in"]
 
 #: Patch names that are utilities the recipe calls, not process-global installs.
 UTILITIES = ("clip_grad_norm", "scale_grads")
@@ -125,3 +125,13 @@ def check_patch_names(wanted: Mapping[str, Iterable[str]], sources: Iterable[Pat
                 close = difflib.get_close_matches(name, sorted(known), n=1)
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
                 raise ValueError(f"scenario {scenario!r} names unknown patch {name!r}{hint}")
+
+
+def deployed_patches(vocabulary: Iterable[str], source: PatchSource, mapping: Mapping[str, str]) -> tuple[str, ...]:
+    """What users ship: every patch of the library's vocabulary, in the order the scenarios
+    first name them (those the module lacks install as "not-provided"), then the module's
+    other ``patch_*`` functions. Functions reached through ``mapping`` count once."""
+    mapped_targets = patch_names_in(mapping.values())
+    order = list(dict.fromkeys(vocabulary))
+    order += sorted(source.patches - set(order) - mapped_targets)
+    return tuple(order)

@@ -10,7 +10,9 @@ Any module works if it has functions of this kind:
   (``clip_grad_norm`` -> ``clip_grad_norm_(params, max_norm, norm_type, foreach=...)``,
   ``scale_grads`` -> ``scale_grads_(params, scaler)``).
 
-A mapping (``{"uniform_reduce_dtype": "my_widen_patch"}``) overrides the lookup.
+A mapping (``{"uniform_reduce_dtype": "my_widen_patch"}``) overrides the lookup. A name
+the module has no function for is "not-provided": the cell's other patches still
+install and run.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ __all__ = [
     "DEFAULT_MODULE",
     "UTILITIES",
     "InstallOutcome",
+    "PatchNotProvided",
     "install_patches",
     "install_set",
     "load_patches_module",
@@ -67,34 +70,46 @@ def load_patches_module(spec: str) -> ModuleType:
         raise ValueError(f"patches module {spec!r} cannot be imported: {_first_line(e)}") from e
 
 
-def resolve(module: ModuleType, name: str, mapping: Mapping[str, str] | None = None) -> Callable[..., object]:
-    """The function of ``module`` serving patch ``name``; ``LookupError`` if there is none."""
-    candidates = [mapping[name]] if mapping and name in mapping else _default_names(name)
+class PatchNotProvided(LookupError):
+    """The module has no function for a patch name (and no mapping names one)."""
+
+
+def resolve(module: ModuleType, name: str, mapping: Mapping[str, str] | None = None,
+            label: str | None = None) -> Callable[..., object]:
+    """The function of ``module`` serving patch ``name``.
+
+    ``PatchNotProvided`` when the module simply has none; ``LookupError`` when a mapping
+    names a function the module lacks (a mistake in the mapping).
+    """
+    label = label or module.__name__
+    if mapping and name in mapping:
+        fn = getattr(module, mapping[name], None)
+        if not callable(fn):
+            raise LookupError(f"patch target missing: {label} has no {mapping[name]} (mapped from {name})")
+        return fn
+    candidates = [f"{name}_", name] if name in UTILITIES else [f"patch_fsdp_{name}", f"patch_{name}"]
     for attr in candidates:
         fn = getattr(module, attr, None)
         if callable(fn):
             return fn
-    raise LookupError(f"patch target missing: {module.__name__} has no {' or '.join(candidates)}")
+    raise PatchNotProvided(f"{label} has no {' or '.join(candidates)}")
 
 
-def _default_names(name: str) -> list[str]:
-    if name in UTILITIES:
-        return [f"{name}_", name]
-    return [f"patch_fsdp_{name}", f"patch_{name}"]
-
-
-def install_patches(
-    module: ModuleType, names: list[str], mapping: Mapping[str, str] | None = None
-) -> dict[str, InstallOutcome]:
-    """Install each named patch once, in order; never raises."""
+def install_patches(module: ModuleType, names: list[str], mapping: Mapping[str, str] | None = None,
+                    label: str | None = None) -> dict[str, InstallOutcome]:
+    """Install each named patch once, in order; never raises. A patch the module does not
+    provide is "not-provided" and the others still install."""
     outcomes: dict[str, InstallOutcome] = {}
     for name in names:
         if name in outcomes:
             continue
         try:
-            fn = resolve(module, name, mapping)
+            fn = resolve(module, name, mapping, label)
+        except PatchNotProvided as e:
+            outcomes[name] = InstallOutcome(name=name, status="not-provided", reason=str(e))
+            continue
         except LookupError as e:
-            outcomes[name] = InstallOutcome(name=name, status="error", reason=f"patch install error: {e}")
+            outcomes[name] = InstallOutcome(name=name, status="error", reason=str(e))
             continue
         if name in UTILITIES:
             outcomes[name] = InstallOutcome(name=name, status="installed", reason=f"uses {fn.__name__}")
@@ -102,7 +117,7 @@ def install_patches(
         try:
             result = fn()
         except Exception as e:
-            outcomes[name] = InstallOutcome(name=name, status="error", reason=f"patch install error: {_first_line(e)}")
+            outcomes[name] = InstallOutcome(name=name, status="error", reason=_first_line(e))
             continue
         status = getattr(result, "status", None) or "installed"
         reason = getattr(result, "reason", "") or ""
@@ -110,11 +125,12 @@ def install_patches(
     return outcomes
 
 
-def install_set(module: ModuleType, names: list[str], mapping: Mapping[str, str] | None = None
-                ) -> tuple[dict[str, dict[str, str]], dict[str, Callable[..., object]]]:
+def install_set(module: ModuleType, names: list[str], mapping: Mapping[str, str] | None = None,
+                label: str | None = None) -> tuple[dict[str, dict[str, str]], dict[str, Callable[..., object]]]:
     """Install a patch set: per-patch outcomes (as record entries) and the utilities to call."""
-    outcomes = install_patches(module, names, mapping)
-    utilities = {n: resolve(module, n, mapping) for n in names if n in UTILITIES and outcomes[n].status != "error"}
+    outcomes = install_patches(module, names, mapping, label)
+    utilities = {n: resolve(module, n, mapping, label) for n in names
+                 if n in UTILITIES and outcomes[n].status == "installed"}
     return {n: o.as_dict() for n, o in outcomes.items()}, utilities
 
 

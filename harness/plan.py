@@ -39,6 +39,12 @@ class Cell:
     expected: tuple[str, ...] = ("pass",)
     expected_match: str | None = None
     why: str = ""
+    #: the patch that fixes the documented failure, and the upstream issue of one no patch fixes
+    fixed_by: str | None = None
+    upstream: str | None = None
+    #: the scenario's public API alternative ("name (torch >= X)") and the patches it replaces
+    api: str | None = None
+    api_replaces: tuple[str, ...] = ()
     #: 0 expected to finish cleanly, 1 to fail inside the cell, 2 may end the launch, 3 will
     risk: int = 0
 
@@ -48,7 +54,7 @@ class Cell:
 
     @classmethod
     def from_dict(cls, data: dict) -> Cell:
-        tuples = ("mesh", "patches", "scenario_patches", "expected")
+        tuples = ("mesh", "patches", "scenario_patches", "expected", "api_replaces")
         return cls(**{k: tuple(v) if k in tuples else v for k, v in data.items()})
 
 
@@ -62,6 +68,8 @@ class LaunchPlan:
     world_size: int
     patches_module: str
     patch_mapping: dict[str, str]
+    #: how records name the module under test (``harness.patch_source.PatchSource.describe``)
+    patches_module_id: str
     out_path: str
     progress_path: str
     scenario_dirs: list[str] = field(default_factory=list)
@@ -86,14 +94,16 @@ def plan_cells(
     variants: list[str],
     explicit_scenarios: bool,
     timeout_s: float | None = None,
-    baseline_patches: tuple[str, ...] = (),
+    deployed_patches: tuple[str, ...] = (),
     torch_version: str | None = None,
 ) -> list[Cell]:
     """Every supported (scenario, variant, device, world size) combination, in order.
 
-    A patched cell installs the scenario's own patches; a scenario that names none (a
-    baseline) runs patched with ``baseline_patches`` (all of them), which shows whether
-    the patches leave ordinary training alone.
+    ``vanilla`` installs nothing; ``patched`` the scenario's own patches (only scenarios
+    that name some); ``deployed`` every patch of the module (``deployed_patches``), as
+    users ship them, which also shows whether the patches leave ordinary training alone;
+    ``api`` installs nothing and turns on the scenario's public API (only scenarios that
+    declare one).
 
     A world size or device asked for by name for a scenario asked for by name that the
     scenario does not support is a ``ValueError``; without named scenarios such
@@ -118,14 +128,18 @@ def plan_cells(
                         raise ValueError(f"scenario {s.name!r} does not support device {d!r}")
                     continue
                 for v in variants:
+                    if (v == "patched" and not s.patches) or (v == "api" and s.api is None):
+                        continue
                     expect = s.expected(variant=v, torch_version=version, device=d, world_size=ws)
+                    installs = {"patched": tuple(s.patches), "deployed": deployed_patches}.get(v, ())
                     cells.append(Cell(
                         index=len(cells), scenario=s.name, variant=v, device=d, backend=s.backend_for(d),
                         world_size=ws, mesh=s.sharding.mesh_shape(ws),
-                        timeout_s=s.timeout_s or timeout_s or DEFAULT_TIMEOUT_S,
-                        patches=(tuple(s.patches) or baseline_patches) if v == "patched" else (),
+                        timeout_s=s.timeout_s or timeout_s or DEFAULT_TIMEOUT_S, patches=installs,
                         scenario_patches=tuple(s.patches), bug_observable=d in s.bug_devices,
                         expected=expect.status, expected_match=expect.match, why=expect.why,  # type: ignore[arg-type]
+                        fixed_by=expect.fixed_by, upstream=expect.upstream,
+                        api=s.api.describe() if s.api else None, api_replaces=s.api.replaces if s.api else (),
                         risk=_risk(expect.status),  # type: ignore[arg-type]
                     ))
     return cells

@@ -11,11 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import functools
 import json
 import os
-import platform
-import socket
 import time
 import types
 import typing
@@ -24,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.machine import environment, torch_info
 from harness.names import FAILING, INSTALL_STATUSES, STATUSES, VARIANTS, format_statuses, parse_statuses
 
 __all__ = [
@@ -31,16 +29,16 @@ __all__ = [
     "Record",
     "RecordError",
     "append",
-    "environment",
     "expand_paths",
     "finish",
     "load_records",
     "mark_progress",
     "new_record",
-    "torch_info",
 ]
 
-SCHEMA = 1
+SCHEMA = 2
+#: older schemas this code still reads (fields they lack take their defaults)
+READABLE_SCHEMAS = (1, 2)
 
 
 class RecordError(ValueError):
@@ -65,6 +63,8 @@ class Record:
     torch: str
     torch_git: str | None = None
     patches_module: str = ""
+    #: the module under test as the report names it: spec, version, path, content hash
+    patches_module_id: str = ""
     #: the patches the scenario names (what the verdicts credit)
     patches: list[str] = field(default_factory=list)
     #: the patches this cell installed
@@ -75,6 +75,12 @@ class Record:
     expected: tuple[str, ...]
     expected_match: str | None = None
     as_expected: bool
+    #: the patch that fixes the documented failure; the upstream issue of one no patch fixes
+    fixed_by: str | None = None
+    upstream: str | None = None
+    #: the scenario's public API alternative and the patches it replaces
+    api: str | None = None
+    api_replaces: list[str] = field(default_factory=list)
     #: why the expectation is what it is, or why the cell was skipped
     reason: str | None = None
     exc_type: str | None = None
@@ -149,7 +155,7 @@ class Record:
         return rec
 
     def _value_problem(self) -> str | None:
-        if self.schema != SCHEMA:
+        if self.schema not in READABLE_SCHEMAS:
             return f"unsupported schema {self.schema!r}"
         if self.variant not in VARIANTS:
             return f"unknown variant {self.variant!r}"
@@ -193,28 +199,8 @@ _FIELDS = _field_kinds()
 # --------------------------------------------------------------------------- writing
 
 
-@functools.cache
-def torch_info() -> dict[str, str | None]:
-    import torch
-
-    return {"torch": torch.__version__, "torch_git": getattr(torch.version, "git_version", None),
-            "cuda": torch.version.cuda}
-
-
-@functools.cache
-def environment() -> dict[str, Any]:
-    import torch
-
-    cuda = torch_info()["cuda"]
-    return {"python": platform.python_version(), "torch": torch.__version__,
-            "torch_build": f"cu{cuda.replace('.', '')}" if cuda else "cpu", "cuda": cuda,
-            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-            "host": socket.gethostname(), "platform": f"{platform.system()}-{platform.machine()}",
-            "cpus": os.cpu_count()}
-
-
 def new_record(cell, *, run_id: str, launch_id: str, patches_module: str, t0: float, status: str,
-               **outcome: Any) -> Record:
+               patches_module_id: str = "", **outcome: Any) -> Record:
     """A record of ``cell`` (a ``harness.plan.Cell``) with its outcome fields."""
     info = torch_info()
     rec = Record(
@@ -222,10 +208,11 @@ def new_record(cell, *, run_id: str, launch_id: str, patches_module: str, t0: fl
         started_at=datetime.datetime.fromtimestamp(t0, datetime.timezone.utc).isoformat(timespec="seconds"),
         scenario=cell.scenario, variant=cell.variant, device=cell.device, backend=cell.backend,
         world_size=cell.world_size, mesh=list(cell.mesh), torch=info["torch"] or "", torch_git=info["torch_git"],
-        patches_module=patches_module, patches=list(cell.scenario_patches), installed_patches=list(cell.patches),
-        bug_observable=cell.bug_observable, status=status, expected=tuple(cell.expected),
-        expected_match=cell.expected_match, as_expected=False, reason=cell.why or None,
-        timeout_s=cell.timeout_s, env=environment(),
+        patches_module=patches_module, patches_module_id=patches_module_id, patches=list(cell.scenario_patches),
+        installed_patches=list(cell.patches), bug_observable=cell.bug_observable, status=status,
+        expected=tuple(cell.expected), expected_match=cell.expected_match, as_expected=False,
+        fixed_by=cell.fixed_by, upstream=cell.upstream, api=cell.api, api_replaces=list(cell.api_replaces),
+        reason=cell.why or None, timeout_s=cell.timeout_s, env=environment(),
     )
     for key, value in outcome.items():
         assert key in _FIELDS, key

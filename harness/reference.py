@@ -5,6 +5,11 @@ on that rank's data; the gradient of a window is the sum over micro-batches of t
 over ranks, which is what FSDP2's reduce-scatter (and HSDP's all-reduce) compute. The
 step loop itself is ``harness.recipe``'s, shared with the FSDP2 side.
 
+The contract for unused parameters is plain autograd's, for every scenario: a parameter
+that no rank used in an accumulation window has no grad (``None``), so AdamW neither
+steps it nor creates state for it. A parameter some rank used gets the mean over ranks,
+the others contributing zero.
+
 Mixed precision is emulated, not tolerated: each rank's forward and backward run on a
 copy of the model cast to ``param_dtype`` (inputs cast like FSDP2's root pre-forward),
 and the per-rank gradients are upcast to ``reduce_dtype`` before they are averaged.
@@ -63,10 +68,6 @@ class ReferenceSide:
         for name, g in self._mean_over_ranks(step, k).items():
             p = self.named[name]
             p.grad = g.to(p.dtype) if p.grad is None else p.grad + g.to(p.dtype)
-        if micro_batch.sync and self.scenario.unused_grads == "zero":
-            for p in self.named.values():
-                if p.requires_grad and p.grad is None:
-                    p.grad = torch.zeros_like(p)
 
     def _mean_over_ranks(self, step: int, k: int) -> dict[str, torch.Tensor]:
         """Mean over ranks of each parameter's gradient for micro-batch ``k`` (only used ones)."""

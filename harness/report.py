@@ -1,112 +1,142 @@
-"""The compatibility report: ``harness.tables`` rendered as Markdown (``DataFrame.to_markdown``),
-HTML (pandas ``Styler`` in ``templates/report.html``) and CSV.
+"""The compatibility report, decision first: ``harness.tables`` rendered as Markdown
+(``DataFrame.to_markdown``), HTML (pandas ``Styler`` in ``templates/report.html``) and CSV.
+
+Order: what to do with each patch (per device: the lifecycle table, the deployed set,
+the patch x torch statuses); the scenario x torch heatmap (short labels, the detail in
+tooltips and in a linked details table); notes (reference adjustments, bugs that cannot
+show on the device, upstream bugs); the environment; the details; the verdict rules.
 
 Build it with ``python -m harness report --records runs/ --out reports``.
 """
 
 from __future__ import annotations
 
+import html
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 
-from harness.names import VERDICTS
-from harness.tables import LONG_COLUMNS, ReportTables, build_tables, patch_pivot, verdict_counts, verdict_pivot
+from harness.decisions import deployed_line, lifecycle, version_ranges
+from harness.names import VARIANTS, VERDICTS
+from harness.tables import LONG_COLUMNS, ReportTables, build_tables, verdict_counts
 from harness.verdict import VERDICT_RULES
 
-__all__ = ["OUTPUT_NAMES", "VERDICT_COLORS", "build_report", "render_html", "render_markdown", "write_outputs"]
+__all__ = ["OUTPUT_NAMES", "SHORT", "VERDICT_COLORS", "build_report", "render_html", "render_markdown",
+           "write_outputs"]
 
 TITLE = "FSDP2 patch compatibility report"
 OUTPUT_NAMES: Mapping[str, str] = {"md": "compat.md", "html": "compat.html", "csv": "compat.csv"}
-MISSING_MARK = "—"
-FLAG_MARK = "⚠"
-VERDICT_COLORS: Mapping[str, str] = {
-    "patch broken": "#ef9a9a", "regression": "#ce93d8", "patch needed": "#ffcc80", "fixed upstream": "#a5d6a7",
-    "expected failure": "#dcedc8", "ok": "#c8e6c9", "n/a": "#e0e0e0", "not run": "#f5f5f5",
+FLAG, ADJUSTED = "⚠", "†"
+#: verdict -> (heatmap label, colour)
+SHORT: Mapping[str, tuple[str, str]] = {
+    "patch broken": ("BROKEN", "#e57373"), "deployed set broken": ("DEPLOYED", "#f06292"),
+    "not provided": ("n/p", "#b0bec5"), "regression": ("REGR", "#ce93d8"), "upstream bug": ("bug↑", "#9575cd"),
+    "patch needed": ("need", "#ffb74d"), "use public API": ("api", "#4fc3f7"), "backport": ("back", "#ffe082"),
+    "fixed upstream": ("fixed", "#81c784"), "expected failure": ("xfail", "#dcedc8"), "ok": ("ok", "#c8e6c9"),
+    "n/a": ("n/a", "#e0e0e0"), "not run": ("–", "#fafafa"),
 }
-PATCH_STATUS_COLORS: Mapping[str, str] = {
-    "broken": VERDICT_COLORS["patch broken"], "needed": VERDICT_COLORS["patch needed"],
-    "retire": VERDICT_COLORS["fixed upstream"], "not applicable": VERDICT_COLORS["n/a"],
-    "not run": VERDICT_COLORS["not run"],
+VERDICT_COLORS: Mapping[str, str] = {v: c for v, (_, c) in SHORT.items()}
+PATCH_COLORS: Mapping[str, str] = {
+    "broken": SHORT["patch broken"][1], "not provided": SHORT["not provided"][1],
+    "needed": SHORT["patch needed"][1], "use public API": SHORT["use public API"][1],
+    "backport": SHORT["backport"][1], "retire": SHORT["fixed upstream"][1], "not applicable": "#eeeeee",
+    "not run": "#fafafa",
 }
-LEGEND = (f"Cell: verdict (vanilla status / patched status); {MISSING_MARK} = no record; {FLAG_MARK} = a result "
-          "differs from its documented expectation (see Details). Per-patch: broken > needed > retire > "
-          "not applicable > not run.")
-DETAIL_COLUMNS: Mapping[str, str] = {
-    "device": "device", "scenario": "scenario", "world_size": "world size", "torch": "torch", "vanilla": "vanilla",
-    "patched": "patched", "verdict": "verdict", "unexpected": "unexpected", "vanilla_exc": "vanilla error / note",
-    "patched_exc": "patched error / note", "diff": "max abs diff (v / p)", "worst": "worst",
-}
+LEGEND = (f"Cell label: the verdict in short ({', '.join(f'{s} = {v}' for v, (s, _) in SHORT.items())}); "
+          f"{FLAG} = a result differs from its documented expectation; {ADJUSTED} = judged against a reference "
+          "adjusted for a known backend quirk (see Notes). Hover a cell for its records; click it for its details row.")
 
 
-def css_class(prefix: str, name: str) -> str:
+def css(prefix: str, name: str) -> str:
     return f"{prefix}-" + name.replace(" ", "-").replace("/", "")
 
 
-# --------------------------------------------------------------------------- cell text
+def anchor(row: Mapping) -> str:
+    return f"d-{row['device']}-{row['scenario']}-w{row['world_size']}-{row['torch']}".replace(".", "_")
 
 
-def _pair(row: Mapping[str, Any]) -> str:
-    return f"{row['vanilla'] or MISSING_MARK} / {row['patched'] or MISSING_MARK}"
+# --------------------------------------------------------------------------- pieces
 
 
-def cell_text(row: Mapping[str, Any]) -> str:
-    """Pivot cell: "verdict (vanilla / patched)", plus ⚠ when something was unexpected."""
-    text = row["verdict"] if not (row["vanilla"] or row["patched"]) else f"{row['verdict']} ({_pair(row)})"
-    return f"{text} {FLAG_MARK}" if row["unexpected"] else text
+def _label(row: Mapping) -> str:
+    return SHORT[row["verdict"]][0] + (f" {FLAG}" if row["unexpected"] else "") + (
+        f" {ADJUSTED}" if row["reference_adjusted"] else "")
 
 
-def _num(value: Any) -> str:
+def _num(value) -> str:
     return "" if value is None or value != value or value == "" else f"{value:.3g}"
 
 
-def cell_title(row: Mapping[str, Any]) -> str:
-    """Hover text for a pivot cell: errors, diffs, unexpected notes."""
-    lines = [f"{row['scenario']} ws={row['world_size']} torch {row['torch']} ({row['device']})",
-             f"verdict: {row['verdict']} (rule {row['rule']})"]
-    for variant in ("vanilla", "patched"):
-        exc, diff = row[f"{variant}_exc"], _num(row[f"{variant}_max_abs_diff"])
-        lines.append(f"{variant}: {row[variant] or 'not run'}" + (f" — {exc}" if exc else "")
-                     + (f"; max abs diff {diff}" if diff else ""))
-    if row["worst"]:
-        lines.append(f"worst: {row['worst']}")
-    return "\n".join(lines + [f"{FLAG_MARK} {note}" for note in row["unexpected"].split("; ") if note])
+def _title(row: Mapping) -> str:
+    lines = [f"{row['scenario']} w{row['world_size']} torch {row['torch']} ({row['device']}): {row['verdict']}",
+             f"rule {row['rule']}"]
+    for v in VARIANTS:
+        if row[v]:
+            diff = _num(row[f"{v}_max_abs_diff"])
+            lines.append(f"{v}: {row[v]}" + (f" — {row[f'{v}_exc']}" if row[f"{v}_exc"] else "")
+                         + (f"; max abs diff {diff}" if diff else ""))
+    extra = [row["worst"] and f"worst: {row['worst']}", row["reference_adjusted"] and f"{ADJUSTED} {row['reference_adjusted']}"]
+    return "\n".join(lines + [e for e in extra if e] + [f"{FLAG} {n}" for n in row["unexpected"].split("; ") if n]
+                     + [f"caveat: {c}" for c in row["caveats"].split("; ") if c])
 
 
-def _with_text(cells: pd.DataFrame) -> pd.DataFrame:
-    rows = cells.to_dict("records")
-    return cells.assign(text=[cell_text(r) for r in rows], title=[cell_title(r) for r in rows],
-                        css=[css_class("v", r["verdict"]) for r in rows])
+def _grid(tables: ReportTables, device: str, value) -> pd.DataFrame:
+    mine = tables.cells[tables.cells["device"] == device]
+    frame = mine.assign(_v=[value(r) for r in mine.to_dict("records")])
+    pivot = frame.pivot(index=["scenario", "world_size"], columns="torch", values="_v")
+    return pivot.reindex(columns=tables.versions(device)).sort_index().rename_axis(["scenario", "w"]).fillna("")
+
+
+def _patch_grid(tables: ReportTables, device: str, column: str) -> pd.DataFrame:
+    mine = tables.patches[tables.patches["device"] == device]
+    if mine.empty:
+        return pd.DataFrame()
+    return mine.pivot(index="patch", columns="torch", values=column).reindex(columns=tables.versions(device))
 
 
 def _details(cells: pd.DataFrame) -> pd.DataFrame:
-    ran = cells[(cells["vanilla"] != "") | (cells["patched"] != "")].copy()
-    ran["diff"] = [f"{_num(v) or MISSING_MARK} / {_num(p) or MISSING_MARK}" if _num(v) or _num(p) else ""
-                   for v, p in zip(ran["vanilla_max_abs_diff"], ran["patched_max_abs_diff"])]
-    for variant in ("vanilla", "patched"):
-        ran[variant] = ran[variant].replace("", MISSING_MARK)
-    return ran[list(DETAIL_COLUMNS)].rename(columns=DETAIL_COLUMNS).reset_index(drop=True)
+    ran = cells[cells[list(VARIANTS)].ne("").any(axis=1)]
+    cols = ["device", "scenario", "world_size", "torch", "verdict", *VARIANTS, "unexpected", "caveats",
+            *(f"{v}_exc" for v in VARIANTS), "worst", "reference_adjusted"]
+    return ran[cols].reset_index(drop=True)
 
 
-def _env_rows(tables: ReportTables, device: str, versions: Sequence[str]) -> pd.DataFrame:
+def _notes(tables: ReportTables, device: str) -> list[str]:
+    mine = tables.cells[tables.cells["device"] == device]
+    versions = tables.versions(device)
+    notes = []
+    adjusted = mine[mine["reference_adjusted"] != ""]
+    for quirk, g in adjusted.groupby("reference_adjusted"):
+        notes.append(f"{ADJUSTED} Reference adjusted on {version_ranges(versions, set(g['torch']))} "
+                     f"({len(g)} cells): {quirk}.")
+    for scenario in sorted(set(mine.loc[~mine["bug_observable"].astype(bool), "scenario"])):
+        notes.append(f"{scenario}: its bug cannot show on {device}; its cells check the numbers only.")
+    for (scenario, issue), g in mine[mine["upstream"] != ""].groupby(["scenario", "upstream"]):
+        shown = g[g["verdict"] == "upstream bug"]
+        if len(shown):
+            notes.append(f"Upstream bug {issue} shown by {scenario} on {version_ranges(versions, set(shown['torch']))}.")
+    return notes
+
+
+def _environment(tables: ReportTables, device: str) -> pd.DataFrame:
     env = tables.environment[tables.environment["device"] == device].set_index("torch")
-    labels = [c for c in env.columns if c != "device"]
-    return pd.DataFrame([[env.at[v, label] if v in env.index else "" for v in versions] for label in labels],
-                        index=pd.MultiIndex.from_tuples([(f"env: {label}", "") for label in labels]), columns=versions)
+    return env.drop(columns="device").T.reindex(columns=tables.versions(device)).fillna("")
 
 
 def _rules() -> pd.DataFrame:
-    return pd.DataFrame([[r.number, r.kind, r.vanilla, r.patched, r.verdict, r.meaning] for r in VERDICT_RULES],
-                        columns=["#", "kind", "vanilla", "patched", "verdict", "meaning"])
+    return pd.DataFrame([[r.number, r.kind, r.vanilla, r.patched, r.deployed, r.api, r.verdict, r.meaning]
+                         for r in VERDICT_RULES],
+                        columns=["#", "kind", "vanilla", "patched", "deployed", "api", "verdict", "meaning"])
 
 
-def _summary(tables: ReportTables) -> str:
+def _header(tables: ReportTables) -> list[str]:
     counts = ", ".join(f"{n} {v}" for v, n in verdict_counts(tables.cells))
-    return (f"{tables.n_records} records, {len(tables.cells)} cells ({counts}); {len(tables.skipped)} skipped input "
-            f"lines. Generated {tables.generated_at} from {', '.join(tables.sources)}.")
+    machines = sorted({m for m in tables.environment["machine"] if m} | {h for h in tables.environment["host"] if h})
+    return [f"Patches module under test: {'; '.join(tables.modules) or '(none: vanilla cells only)'}.",
+            f"Machine: {', '.join(machines)}. Generated {tables.generated_at} from {', '.join(tables.sources)}: "
+            f"{tables.n_records} records, {len(tables.cells)} cells ({counts}); {len(tables.skipped)} skipped input lines."]
 
 
 # --------------------------------------------------------------------------- Markdown
@@ -117,15 +147,19 @@ def _md(frame: pd.DataFrame, *, index: bool = False) -> str:
 
 
 def render_markdown(tables: ReportTables) -> str:
-    cells = _with_text(tables.cells)
-    out = [f"# {TITLE}", "", _summary(tables), "", LEGEND, ""]
+    out = [f"# {TITLE}", "", *_header(tables), ""]
     for device in tables.devices:
-        pivot = verdict_pivot(cells, device, "text")
-        env = _env_rows(tables, device, list(pivot.columns)).rename(index=lambda s: f"*{s}*" if s else s)
-        grid = pd.concat([pivot, env]).rename_axis(["scenario", "world size"]).reset_index()
-        out += [f"## Verdicts: {device}", "", _md(grid), f"## Per-patch summary: {device}", ""]
-        patches = patch_pivot(tables.patches, device)
-        out += [_md(patches.rename_axis("patch").reset_index()) if not patches.empty else "No scenario lists a patch.\n"]
+        versions = tables.versions(device)
+        life = lifecycle(tables.patches, device, versions)
+        out += [f"## What to do with each patch: {device}", "",
+                _md(life) if len(life) else "No scenario names a patch.\n", deployed_line(tables.deployed, device, versions), ""]
+        grid = _patch_grid(tables, device, "status")
+        if not grid.empty:
+            out += [_md(grid.reset_index())]
+    for device in tables.devices:
+        out += [f"## Scenario × torch: {device}", "", LEGEND, "", _md(_grid(tables, device, _label).reset_index())]
+        out += [f"### Notes: {device}", "", *([f"- {n}" for n in _notes(tables, device)] or ["None."]), ""]
+        out += [f"### Environment: {device}", "", _md(_environment(tables, device).rename_axis("").reset_index())]
     out += ["## Details", "", _md(_details(tables.cells)), "## Skipped input lines", ""]
     out += [f"- `{line}`" for line in tables.skipped] or ["None."]
     out += ["", "## Verdict rules (first match wins)", "", _md(_rules())]
@@ -140,12 +174,15 @@ class _Section:
     title: str
     anchor: str
     html: str
-    note: str = ""
+    notes: list[str] = field(default_factory=list)
 
 
-def _styled(frame: pd.DataFrame, *, classes: pd.DataFrame | None = None, titles: pd.DataFrame | None = None,
-            table_class: str) -> str:
-    styler = frame.style
+def _styled(frame: pd.DataFrame, *, table_class: str, classes: pd.DataFrame | None = None,
+            titles: pd.DataFrame | None = None, escape: bool = True, index: bool = True) -> str:
+    frame = frame.rename_axis(columns=None)
+    styler = frame.style.format(escape="html" if escape else None)
+    if not index:
+        styler = styler.hide(axis="index")
     if classes is not None:
         styler = styler.set_td_classes(classes)
     if titles is not None:
@@ -153,48 +190,53 @@ def _styled(frame: pd.DataFrame, *, classes: pd.DataFrame | None = None, titles:
     return styler.to_html(table_attributes=f'class="{table_class}"')
 
 
-def _html_pivot(cells: pd.DataFrame, tables: ReportTables, device: str) -> str:
-    text, css, title = (verdict_pivot(cells, device, v) for v in ("text", "css", "title"))
-    env = _env_rows(tables, device, list(text.columns))
-    blank = pd.DataFrame("", index=env.index, columns=env.columns)
-    return _styled(pd.concat([text, env]), classes=pd.concat([css, blank]), titles=pd.concat([title, blank]),
-                   table_class="pivot")
+def _heatmap(tables: ReportTables, device: str) -> str:
+    links = _grid(tables, device, lambda r: f'<a href="#{anchor(r)}">{html.escape(_label(r))}</a>')
+    classes = _grid(tables, device, lambda r: css("v", r["verdict"]))
+    return _styled(links, table_class="heatmap", classes=classes, titles=_grid(tables, device, _title), escape=False)
 
 
-def _html_patches(tables: ReportTables, device: str) -> str:
-    status = patch_pivot(tables.patches, device)
-    if status.empty:
-        return "<p>No scenario lists a patch.</p>"
-    detail = patch_pivot(tables.patches, device, "detail").map(lambda d: d.replace("; ", "\n"))
-    return _styled(status, classes=status.map(lambda s: css_class("p", s)), titles=detail, table_class="patches")
+def _details_html(cells: pd.DataFrame) -> str:
+    details = _details(cells)
+    shown = details.assign(scenario=[f'<span id="{anchor(r)}">{html.escape(r["scenario"])}</span>'
+                                     for r in details.to_dict("records")])
+    for col in shown.columns.drop("scenario"):
+        shown[col] = [html.escape(str(v)) for v in shown[col]]
+    classes = details.map(lambda _: "").assign(verdict=[css("v", v) for v in details["verdict"]])
+    return _styled(shown, table_class="details", classes=classes, escape=False, index=False)
 
 
 def render_html(tables: ReportTables) -> str:
     """A self-contained page: inline CSS, no scripts, no external assets."""
     from jinja2 import Environment, FileSystemLoader, select_autoescape
 
-    cells = _with_text(tables.cells)
     sections = []
     for device in tables.devices:
-        sections += [_Section(title=f"Verdicts: {device}", anchor=f"verdicts-{device}",
-                              html=_html_pivot(cells, tables, device)),
-                     _Section(title=f"Per-patch summary: {device}", anchor=f"patches-{device}",
-                              html=_html_patches(tables, device))]
-    details = _details(tables.cells)
-    sections.append(_Section(title="Details", anchor="details", html=_styled(
-        details, classes=details.map(lambda _: "").assign(verdict=[css_class("v", v) for v in details["verdict"]]),
-        table_class="details")))
-    skipped = "".join(f"<li><code>{line}</code></li>" for line in tables.skipped)
+        versions = tables.versions(device)
+        life = lifecycle(tables.patches, device, versions)
+        grid = _patch_grid(tables, device, "status")
+        body = _styled(life, table_class="lifecycle", index=False) if len(life) else "<p>No scenario names a patch.</p>"
+        body += f'<p class="deployed">{html.escape(deployed_line(tables.deployed, device, versions))}</p>'
+        if not grid.empty:
+            body += _styled(grid, table_class="patches", classes=grid.map(lambda s: css("p", s)),
+                            titles=_patch_grid(tables, device, "detail").map(lambda d: d.replace("; ", "\n")))
+        sections.append(_Section(title=f"What to do with each patch: {device}", anchor=f"patches-{device}", html=body))
+    for device in tables.devices:
+        sections.append(_Section(title=f"Scenario × torch: {device}", anchor=f"verdicts-{device}",
+                                 html=f'<p class="legend">{html.escape(LEGEND)}</p>' + _heatmap(tables, device),
+                                 notes=_notes(tables, device)))
+        sections.append(_Section(title=f"Environment: {device}", anchor=f"environment-{device}",
+                                 html=_styled(_environment(tables, device), table_class="environment")))
+    sections.append(_Section(title="Details", anchor="details", html=_details_html(tables.cells)))
+    skipped = "".join(f"<li><code>{html.escape(line)}</code></li>" for line in tables.skipped)
     sections.append(_Section(title="Skipped input lines", anchor="skipped",
                              html=f'<ul class="skipped">{skipped}</ul>' if skipped else "<p>None.</p>"))
     sections.append(_Section(title="Verdict rules (first match wins)", anchor="rules",
-                             html=_styled(_rules(), table_class="rules")))
-    colors = [(css_class("v", v), c) for v, c in VERDICT_COLORS.items()]
-    colors += [(css_class("p", s), c) for s, c in PATCH_STATUS_COLORS.items()]
+                             html=_styled(_rules(), table_class="rules", index=False)))
+    colors = [(css("v", v), c) for v, c in VERDICT_COLORS.items()] + [(css("p", s), c) for s, c in PATCH_COLORS.items()]
     env = Environment(loader=FileSystemLoader(Path(__file__).parent / "templates"), autoescape=select_autoescape())
-    return env.get_template("report.html").render(
-        title=TITLE, summary=_summary(tables), legend=[(v, css_class("v", v)) for v in VERDICTS],
-        legend_text=LEGEND, sections=sections, colors=colors)
+    return env.get_template("report.html").render(title=TITLE, header=_header(tables), sections=sections,
+                                                  colors=colors)
 
 
 # --------------------------------------------------------------------------- files
@@ -214,3 +256,5 @@ def build_report(paths: Sequence[str | Path], out_dir: str | Path) -> dict[str, 
     """Write compat.md, compat.html and compat.csv; returns {"md"|"html"|"csv": path}."""
     return write_outputs(build_tables(paths), out_dir)
 
+
+assert set(SHORT) == set(VERDICTS), "every verdict needs a heatmap label"

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.launch import LaunchOptions, run_cells
-from harness.patch_source import PatchSource, check_patch_names, locate
+from harness.names import VARIANTS
+from harness.patch_source import PatchSource, check_patch_names, deployed_patches, locate
 from harness.patching import DEFAULT_MODULE
 from harness.plan import Cell, all_patch_names, plan_cells
 from harness.record import Record
@@ -25,7 +26,7 @@ class RunRequest:
     scenarios: list[str] = field(default_factory=list)
     world_sizes: list[int] = field(default_factory=list)
     devices: list[str] = field(default_factory=lambda: ["cpu"])
-    variants: list[str] = field(default_factory=lambda: ["vanilla", "patched"])
+    variants: list[str] = field(default_factory=lambda: list(VARIANTS))
     patches: str = "fsdp_patches"
     patch_mapping: dict[str, str] = field(default_factory=dict)
     timeout_s: float | None = None
@@ -49,15 +50,17 @@ def run(req: RunRequest, *, on_start: Callable[[int, Path], None] | None = None,
     chosen = select(library.scenarios, req.scenarios)
     source = locate(req.patches)  # read, not imported: the workers import it under the watchdog
     check_patch_names({s.name: s.patches for s in chosen}, [source, *_own_module(req.patches)], req.patch_mapping)
+    vocabulary = all_patch_names(list(library.scenarios.values()))
     cells = plan_cells(chosen, world_sizes=req.world_sizes or None, devices=req.devices, variants=req.variants,
                        explicit_scenarios=bool(req.scenarios), timeout_s=req.timeout_s,
-                       baseline_patches=all_patch_names(list(library.scenarios.values())))
+                       deployed_patches=deployed_patches(vocabulary, source, req.patch_mapping))
     if not cells:
         raise ValueError("nothing to run: no scenario supports the chosen world sizes and devices")
     _check_nodes(req, cells)
     opts = LaunchOptions(
         run_id=req.run_id, out_path=req.out, log_dir=req.out.parent / f"{req.out.stem}.logs",
-        patches_module=req.patches, patch_mapping=req.patch_mapping, scenario_dirs=req.scenario_dirs,
+        patches_module=req.patches, patches_module_id=source.describe(), patch_mapping=req.patch_mapping,
+        scenario_dirs=req.scenario_dirs,
         on_record=(lambda rec: on_record(rec, len(cells))) if on_record else None, dump_dir=req.dump,
         isolate=req.isolate, nnodes=req.nnodes, node_rank=req.node_rank, rdzv_endpoint=req.rdzv_endpoint,
     )

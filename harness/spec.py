@@ -27,12 +27,14 @@ __all__ = [
     "Expect",
     "MicroBatch",
     "Optim",
+    "PublicApi",
     "Scenario",
     "Sharding",
     "accumulate",
     "default_forward",
     "mean_square",
     "torch_release",
+    "UNUSED_PARAMS_API",
 ]
 
 
@@ -119,6 +121,8 @@ class Expect:
 
     ``status`` may name alternatives with ``|`` ("hang|crash|error"); it is kept as a
     tuple. ``match`` is text the first error line (or the traceback) must contain.
+    ``fixed_by`` names the patch that fixes this documented failure (the verdicts credit
+    that patch alone); ``upstream`` names the upstream issue of a failure no patch fixes.
     """
 
     status: tuple[str, ...] | str
@@ -128,6 +132,8 @@ class Expect:
     devices: tuple[str, ...] = DEVICES
     world_sizes: tuple[int, ...] | None = None
     why: str = ""
+    fixed_by: str | None = None
+    upstream: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "status", parse_statuses(self.status))
@@ -140,8 +146,10 @@ class Expect:
             raise ValueError(f"Expect.torch: bad version range {self.torch!r}") from e
 
     def applies(self, *, variant: str, torch_version: str, device: str, world_size: int) -> bool:
+        """Whether this expectation covers the cell; one for "patched" covers "deployed" too
+        (the deployed set is the scenario's patches plus every other one)."""
         return (
-            variant in self.variants
+            (variant in self.variants or (variant == "deployed" and "patched" in self.variants))
             and device in self.devices
             and (self.world_sizes is None or world_size in self.world_sizes)
             and torch_release(torch_version) in SpecifierSet(self.torch)
@@ -150,6 +158,35 @@ class Expect:
 
 #: What a cell is expected to do when no ``Expect`` matches it.
 PASS = Expect(status="pass", variants=VARIANTS)
+
+
+@dataclass(kw_only=True, frozen=True)
+class PublicApi:
+    """A public torch API that does what a patch does: the ``api`` variant turns it on
+    (through the ``Sharding`` fields in ``sharding``) on stock torch, and where it fixes
+    what the patch fixes, the report says "replace the patch with this call"."""
+
+    name: str
+    since: str
+    replaces: tuple[str, ...]
+    sharding: dict[str, object] = field(default_factory=dict)
+
+    def available(self) -> bool:
+        import importlib
+
+        owner, _, attr = self.name.rpartition(".")
+        try:
+            return hasattr(getattr(importlib.import_module("torch.distributed.fsdp"), owner), attr)
+        except (ImportError, AttributeError):
+            return False
+
+    def describe(self) -> str:
+        return f"{self.name} (torch >= {self.since})"
+
+
+#: From torch 2.13 FSDP2 can reduce-scatter unused parameters itself (zero-filled).
+UNUSED_PARAMS_API = PublicApi(name="FSDPModule.set_reduce_scatter_unused_params", since="2.13",
+                              replaces=("unused_param_reduction",), sharding={"reduce_scatter_unused_params": True})
 
 
 def torch_release(version: str) -> Version:
@@ -186,13 +223,16 @@ class Scenario:
     forward: Callable[[nn.Module, torch.Tensor, Ctx], torch.Tensor] = default_forward
     sharding: Sharding = field(default_factory=Sharding)
     schedule: tuple[MicroBatch, ...] = (MicroBatch(),)
-    steps: int = 2
+    #: three steps, so ``zero_grad(set_to_none=False)`` runs mid-training (``harness.recipe``)
+    steps: int = 3
     optimizer: Optim = field(default_factory=Optim)
     clip: Clip | None = None
     grad_scale: float | None = None
-    #: What the reference gives a parameter no rank used in a window: ``"none"`` (plain
-    #: autograd) or ``"zero"`` (the documented result of reducing unused parameters).
-    unused_grads: str = "none"
+    #: the public API that replaces this scenario's patch, where torch has one (``api`` variant)
+    api: PublicApi | None = None
+    #: whether the reference models known backend quirks (``harness.reference``); a scenario
+    #: that reports a quirk as the upstream bug it is sets this False
+    reference_quirks: bool = True
     #: Re-home sharded grads onto a group with only this backend before norm/clip, per
     #: device (``{"cpu": "cuda:gloo"}`` simulates an NCCL-only group on CPU).
     norm_group_backend: dict[str, str] = field(default_factory=dict)
@@ -223,8 +263,9 @@ class Scenario:
                 raise ValueError(f"{where}: unknown device {d!r}")
         for ws in self.world_sizes:
             self.sharding.mesh_shape(ws)
-        if self.unused_grads not in ("none", "zero"):
-            raise ValueError(f"{where}: unused_grads must be 'none' or 'zero'")
+        for e in self.expect:
+            if e.fixed_by is not None and e.fixed_by not in self.patches:
+                raise ValueError(f"{where}: Expect.fixed_by={e.fixed_by!r} is not one of its patches {self.patches}")
 
     # -- derived facts -------------------------------------------------------------
     def backend_for(self, device: str) -> str:
@@ -240,6 +281,11 @@ class Scenario:
     def batch_seed(self, ctx: Ctx) -> int:
         key = f"{self.name}/{self.seed}/{ctx.rank}/{ctx.step}/{ctx.micro_batch}".encode()
         return zlib.crc32(key)
+
+    def with_api(self) -> Scenario:
+        """The recipe with its public API turned on (the ``api`` variant)."""
+        assert self.api is not None, self.name
+        return self.replace(sharding=dataclasses.replace(self.sharding, **self.api.sharding))
 
     def replace(self, **changes: object) -> Scenario:
         """A copy with some fields changed (for variants of one recipe)."""

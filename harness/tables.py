@@ -3,10 +3,11 @@
 ``records_frame`` (one row per record) -> ``latest_records`` (one per cell and variant,
 the latest ``started_at`` wins) -> ``verdict_table`` (one row per scenario/world
 size/torch/device of the grid, "not run" where records are missing) ->
-``patch_summary``, ``environment_table`` and the pivots the renderers show.
+``patch_summary``, ``deployed_summary`` and ``environment_table``.
 
-The grid for a device is every (scenario, world size) seen anywhere in the records x
-every torch version seen on that device. Torch columns sort by version number.
+The grid for a device is every (scenario, world size) seen on it x every torch version
+seen on it. Torch columns sort by version number; a version's build (``+cpu``,
+``+cu128``) is dropped from column heads and kept in the environment rows.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 import pandas as pd
 from packaging.version import InvalidVersion, Version
 
-from harness.names import PS_NOT_RUN, VERDICTS
+from harness.names import PS_NOT_RUN, VARIANTS, VERDICTS
 from harness.record import Record, RecordError, load_records
 from harness.verdict import combine_patch_statuses, judge, patch_contributions
 
@@ -30,35 +31,45 @@ __all__ = [
     "LONG_COLUMNS",
     "ReportTables",
     "build_tables",
+    "deployed_summary",
     "device_order",
     "environment_table",
     "latest_records",
-    "patch_pivot",
     "patch_summary",
     "records_frame",
+    "release",
     "sorted_torch",
     "torch_sort_key",
     "verdict_counts",
-    "verdict_pivot",
     "verdict_table",
 ]
 
 CELL_KEY: tuple[str, ...] = ("scenario", "torch", "device", "world_size")
-ENV_FIELDS: tuple[str, ...] = ("python", "torch_build", "gpu", "host", "platform", "cpus")
+ENV_FIELDS: tuple[str, ...] = ("python", "torch", "torch_build", "gpu", "host", "platform", "cpus")
 LONG_COLUMNS: tuple[str, ...] = (
-    "device", "scenario", "world_size", "torch", "patches", "vanilla", "patched", "verdict", "unexpected",
-    "vanilla_exc", "patched_exc", "vanilla_max_abs_diff", "patched_max_abs_diff", "vanilla_max_rel_diff",
-    "patched_max_rel_diff", "worst", "vanilla_expected", "patched_expected", "backend", "torch_build", "rule",
+    "device", "scenario", "world_size", "torch", "patches", "verdict", "rule", "unexpected", "caveats",
+    *(f"{v}{suffix}" for v in VARIANTS for suffix in ("", "_exc", "_max_abs_diff")),
+    "worst", "reference_adjusted", "upstream", "public_api", "bug_observable", "backend", "torch_build", "patches_module",
 )
 ENV_LABELS: tuple[str, ...] = ("torch build", "python", "device name", "backend", "host", "machine", "date")
 
 
+def release(version: str) -> str:
+    """``2.13.0+cpu`` -> ``2.13.0`` (what column heads show)."""
+    return version.split("+", 1)[0]
+
+
 def records_frame(found: Sequence[tuple[Record, str]]) -> pd.DataFrame:
-    """One row per record: its fields, ``env_*`` columns, ``source`` and the ``record`` itself."""
+    """One row per record: its fields, ``env_*`` columns, ``source`` and the ``record`` itself.
+
+    ``torch`` is the release (build dropped); the build stays in ``env_torch``."""
     names = [f.name for f in dataclasses.fields(Record)]
     rows = [{**{n: getattr(rec, n) for n in names}, **{f"env_{k}": rec.env.get(k) for k in ENV_FIELDS},
              "source": source, "record": rec} for rec, source in found]
-    return pd.DataFrame(rows, columns=[*names, *(f"env_{k}" for k in ENV_FIELDS), "source", "record"])
+    frame = pd.DataFrame(rows, columns=[*names, *(f"env_{k}" for k in ENV_FIELDS), "source", "record"])
+    frame["env_torch"] = [e or t for e, t in zip(frame["env_torch"], frame["torch"])]
+    frame["torch"] = [release(t) for t in frame["torch"]]
+    return frame
 
 
 def latest_records(records: pd.DataFrame) -> pd.DataFrame:
@@ -103,50 +114,49 @@ def _exc_text(rec: Record | None) -> str:
     msg = _first_line(rec.exc_msg)
     if rec.exc_type and msg:
         return f"{rec.exc_type}: {msg}"
-    return rec.exc_type or msg or _first_line(rec.reason)
+    return rec.exc_type or msg or (_first_line(rec.reason) if rec.status == "skip" else "")
 
 
-def _cell_row(key: tuple[str, str, str, int], patches: tuple[str, ...], vanilla: Record | None,
-              patched: Record | None) -> dict[str, Any]:
+def _cell_row(key: tuple[str, str, str, int], records: dict[str, Record | None]) -> dict[str, Any]:
     device, scenario, torch, ws = key
-    cell = judge(vanilla, patched, patches=patches)
-    either = patched or vanilla
-
-    def pick(rec: Record | None, name: str) -> Any:
-        return None if rec is None else getattr(rec, name)
-
-    return {
-        "device": device, "scenario": scenario, "world_size": ws, "torch": torch, "patches": ";".join(patches),
-        "vanilla": pick(vanilla, "status") or "", "patched": pick(patched, "status") or "",
-        "verdict": cell.verdict, "unexpected": "; ".join(cell.unexpected),
-        "vanilla_exc": _exc_text(vanilla), "patched_exc": _exc_text(patched),
-        "vanilla_max_abs_diff": pick(vanilla, "max_abs_diff"), "patched_max_abs_diff": pick(patched, "max_abs_diff"),
-        "vanilla_max_rel_diff": pick(vanilla, "max_rel_diff"), "patched_max_rel_diff": pick(patched, "max_rel_diff"),
-        "worst": pick(patched, "worst") or pick(vanilla, "worst") or "",
-        "vanilla_expected": "|".join(pick(vanilla, "expected") or ()),
-        "patched_expected": "|".join(pick(patched, "expected") or ()),
-        "backend": pick(either, "backend") or "", "torch_build": (either.env if either else {}).get("torch_build") or "",
-        "rule": cell.rule.number, "_contrib": patch_contributions(patches, cell, patched),
+    cell = judge(records)
+    present = [r for r in records.values() if r is not None]
+    first = present[0] if present else None
+    row: dict[str, Any] = {
+        "device": device, "scenario": scenario, "world_size": ws, "torch": torch,
+        "patches": ";".join(sorted({p for r in present for p in r.patches})),
+        "verdict": cell.verdict, "rule": cell.rule.number, "unexpected": "; ".join(cell.unexpected),
+        "caveats": "; ".join(cell.caveats),
+        "worst": next((r.worst for r in present if r.worst and r.failed), "") or "",
+        "reference_adjusted": "; ".join(sorted({q for r in present for q in r.reference_quirks})),
+        "upstream": next((r.upstream for r in present if r.upstream), "") or "",
+        "public_api": next((r.api for r in present if r.api), "") or "",
+        "bug_observable": all(r.bug_observable for r in present),
+        "backend": first.backend if first else "", "torch_build": (first.env.get("torch_build") if first else "") or "",
+        "patches_module": next((r.patches_module_id or r.patches_module for r in present if r.variant != "vanilla"),
+                               ""),
+        "_contrib": patch_contributions(cell, records),
     }
+    for v in VARIANTS:
+        rec = records.get(v)
+        row |= {v: rec.status if rec else "", f"{v}_exc": _exc_text(rec),
+                f"{v}_max_abs_diff": rec.max_abs_diff if rec else None}
+    return row
 
 
 def _grid(latest: pd.DataFrame) -> list[tuple[str, str, str, int]]:
-    """(device, scenario, torch, world_size) for every cell of every device's pivot."""
-    rows = sorted(set(zip(latest["scenario"], latest["world_size"])))
+    """(device, scenario, torch, world_size) for every cell of every device's grid."""
     cells = []
     for device in device_order(latest["device"]):
-        versions = sorted_torch(latest.loc[latest["device"] == device, "torch"])
-        cells += [(device, scenario, torch, ws) for scenario, ws in rows for torch in versions]
+        mine = latest[latest["device"] == device]
+        rows = sorted(set(zip(mine["scenario"], mine["world_size"])))
+        cells += [(device, s, t, ws) for s, ws in rows for t in sorted_torch(mine["torch"])]
     return cells
 
 
 def _verdict_frame(latest: pd.DataFrame) -> pd.DataFrame:
-    index = {(r.device, r.scenario, r.torch, r.world_size, r.variant): r for r in latest["record"]}
-    patches: dict[str, set[str]] = {}
-    for r in latest["record"]:
-        patches.setdefault(r.scenario, set()).update(r.patches)
-    rows = [_cell_row(key, tuple(sorted(patches[key[1]])), index.get((*key, "vanilla")), index.get((*key, "patched")))
-            for key in _grid(latest)]
+    index = {(r.device, r.scenario, release(r.torch), r.world_size, r.variant): r for r in latest["record"]}
+    rows = [_cell_row(key, {v: index.get((*key, v)) for v in VARIANTS}) for key in _grid(latest)]
     return pd.DataFrame(rows, columns=[*LONG_COLUMNS, "_contrib"])
 
 
@@ -156,37 +166,36 @@ def verdict_table(latest: pd.DataFrame) -> pd.DataFrame:
 
 
 def patch_summary(cells_with_contrib: pd.DataFrame) -> pd.DataFrame:
-    """patch x device x torch -> combined status and the scenario verdicts behind it."""
+    """patch x device x torch -> combined status, the cells behind it, its public API and caveats."""
     contrib = pd.DataFrame(
         [{"patch": patch, "device": c["device"], "torch": c["torch"], "status": status,
-          "source": f"{c['scenario']} ws={c['world_size']}: {c['verdict']}"}
-         for c in cells_with_contrib.to_dict("records") for patch, status in c["_contrib"].items()],
-        columns=["patch", "device", "torch", "status", "source"])
+          "source": f"{c['scenario']} w{c['world_size']}: {status} ({why})" if why else f"{c['scenario']} w{c['world_size']}: {status}",
+          "api": c["public_api"], "caveats": c["caveats"], "scenario": c["scenario"], "why": why}
+         for c in cells_with_contrib.to_dict("records") for patch, (status, why) in c["_contrib"].items()],
+        columns=["patch", "device", "torch", "status", "source", "api", "caveats", "scenario", "why"])
     rows = []
     grid = cells_with_contrib[["device", "torch"]].drop_duplicates()
     for patch in sorted(set(contrib["patch"])):
         for device, torch in grid.itertuples(index=False):
             mine = contrib[(contrib["patch"] == patch) & (contrib["device"] == device) & (contrib["torch"] == torch)]
-            rows.append({"patch": patch, "device": device, "torch": torch,
-                         "status": combine_patch_statuses(mine["status"]) if len(mine) else PS_NOT_RUN,
-                         "detail": "; ".join(mine["source"])})
-    return pd.DataFrame(rows, columns=["patch", "device", "torch", "status", "detail"])
+            status = combine_patch_statuses(mine["status"]) if len(mine) else PS_NOT_RUN
+            strongest = mine[mine["status"] == status]
+            caveats = sorted({f"{s}: {c}" for s, c in zip(mine["scenario"], mine["caveats"]) if c})
+            rows.append({"patch": patch, "device": device, "torch": torch, "status": status,
+                         "detail": "; ".join(strongest["source"]), "api": next((a for a in strongest["api"] if a), ""),
+                         "why": "; ".join(sorted({w for w in strongest["why"] if w})), "caveats": "; ".join(caveats)})
+    return pd.DataFrame(rows, columns=["patch", "device", "torch", "status", "detail", "api", "why", "caveats"])
 
 
-def verdict_pivot(cells: pd.DataFrame, device: str, values: str = "verdict") -> pd.DataFrame:
-    """(scenario, world size) x torch version -> ``values``, for one device."""
-    mine = cells[cells["device"] == device]
-    pivot = mine.pivot(index=["scenario", "world_size"], columns="torch", values=values)
-    return pivot.reindex(columns=sorted_torch(pivot.columns)).sort_index()
-
-
-def patch_pivot(patches: pd.DataFrame, device: str, values: str = "status") -> pd.DataFrame:
-    """patch x torch version -> ``values``, for one device (empty when no scenario lists a patch)."""
-    mine = patches[patches["device"] == device]
-    if mine.empty:
-        return pd.DataFrame()
-    pivot = mine.pivot(index="patch", columns="torch", values=values)
-    return pivot.reindex(columns=sorted_torch(pivot.columns)).sort_index()
+def deployed_summary(cells: pd.DataFrame) -> pd.DataFrame:
+    """How the set users ship fares: per device and torch, deployed cells run and those not as documented."""
+    rows = []
+    for (device, torch), g in cells.groupby(["device", "torch"], sort=False):
+        ran = g[g["deployed"] != ""]
+        bad = ran[ran["verdict"].isin(["deployed set broken"]) | ran["unexpected"].str.contains("deployed")]
+        rows.append({"device": device, "torch": torch, "cells": len(ran), "not as documented": len(bad),
+                     "where": "; ".join(f"{s} w{w}" for s, w in zip(bad["scenario"], bad["world_size"]))})
+    return pd.DataFrame(rows, columns=["device", "torch", "cells", "not as documented", "where"])
 
 
 def verdict_counts(cells: pd.DataFrame) -> list[tuple[str, int]]:
@@ -212,7 +221,7 @@ def environment_table(latest: pd.DataFrame) -> pd.DataFrame:
     for (device, torch), g in latest.groupby(["device", "torch"], sort=False):
         machines = [" ".join(str(x) for x in (p, f"{int(c)} CPUs" if c == c and c is not None else None) if x)
                     for p, c in zip(g["env_platform"], g["env_cpus"])]
-        rows.append({"device": device, "torch": torch, "torch build": _joined(g["env_torch_build"]),
+        rows.append({"device": device, "torch": torch, "torch build": _joined(g["env_torch"]),
                      "python": _joined(g["env_python"]),
                      "device name": _joined(gpu if gpu else dev for gpu, dev in zip(g["env_gpu"], g["device"])),
                      "backend": _joined(g["backend"]), "host": _joined(g["env_host"]), "machine": _joined(machines),
@@ -229,7 +238,9 @@ class ReportTables:
 
     cells: pd.DataFrame
     patches: pd.DataFrame
+    deployed: pd.DataFrame
     environment: pd.DataFrame
+    modules: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     sources: list[str] = field(default_factory=list)
     n_records: int = 0
@@ -238,6 +249,9 @@ class ReportTables:
     @property
     def devices(self) -> list[str]:
         return device_order(self.cells["device"])
+
+    def versions(self, device: str) -> list[str]:
+        return sorted_torch(self.cells.loc[self.cells["device"] == device, "torch"])
 
 
 def build_tables(paths: Sequence[str | Path]) -> ReportTables:
@@ -248,8 +262,10 @@ def build_tables(paths: Sequence[str | Path]) -> ReportTables:
         raise RecordError(f"no valid records found in {', '.join(map(str, paths))}{extra}")
     latest = latest_records(records_frame(found))
     frame = _verdict_frame(latest)
+    cells = frame.drop(columns="_contrib")
+    modules = sorted({r.patches_module_id or r.patches_module for r in latest["record"] if r.variant != "vanilla"})
     return ReportTables(
-        cells=frame.drop(columns="_contrib"), patches=patch_summary(frame), environment=environment_table(latest),
-        skipped=skipped, sources=[str(p) for p in paths], n_records=len(found),
-        generated_at=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        cells=cells, patches=patch_summary(frame), deployed=deployed_summary(cells),
+        environment=environment_table(latest), modules=modules, skipped=skipped, sources=[str(p) for p in paths],
+        n_records=len(found), generated_at=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     )

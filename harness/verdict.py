@@ -1,41 +1,56 @@
-"""Verdicts: what one vanilla/patched pair of records says about the patches.
+"""Verdicts: what the records of one cell say about the patches, and what each patch's
+maintainer should do with it.
 
-A *cell* is one (scenario, torch, device, world_size) combination with up to two
-records, ``vanilla`` (stock torch) and ``patched`` (the patches installed). Each record
-is reduced to an *outcome class* (``outcome``): missing, broken (a patch failed to
-install), pass, xfail (a documented failure), fail (an undocumented one) or skip. The
-first matching row of ``VERDICT_RULES`` gives the verdict.
+A *cell* is one (scenario, torch, device, world size) with up to four records, one per
+variant: ``vanilla`` (stock torch), ``patched`` (the scenario's own patches), ``deployed``
+(every patch of the module, as users ship them) and ``api`` (stock torch with the public
+API that replaces the scenario's patch). Each record is reduced to an *outcome class*
+(``outcome``); the first matching row of ``VERDICT_RULES`` gives the cell's verdict. A
+scenario without patches (a baseline), or whose bug cannot show on the device, is judged
+on vanilla and deployed alone.
 
-"Unexpected" stays visible independently of the verdict: every record that is not as
-expected and every patch install error adds a note to ``CellVerdict.unexpected``.
+Per patch (``patch_contributions``), a cell contributes what it shows about each patch:
+an install error -> broken; no such function in the module -> not provided; a documented
+vanilla failure that the patched run fixes -> needed for the patch that fixes it
+(``Expect.fixed_by``; every patch of the scenario when none is named), or "use public
+API" where the ``api`` variant fixes it too and the API replaces that patch; a vanilla
+run that lacks the feature (skip) -> backport; vanilla passing, or the patch finding its
+target gone (install "not-applicable") -> retire. ``combine_patch_statuses`` keeps the
+strongest, in the order of ``PATCH_STATUSES``.
 
-Per-patch summary: each cell contributes a status for every patch its scenario lists
-(``patch_contributions``): an install error of that patch -> broken; a cell broken only
-through *another* patch's install error -> not run; install "not-applicable" with
-vanilla passing -> retire; otherwise ``PATCH_STATUS_BY_VERDICT``.
-``combine_patch_statuses`` keeps the strongest (the order of ``PATCH_STATUSES``).
+Caveats stay visible beside the verdict: a patch set that turns a vanilla error into a
+hang or a crash, records that are not as documented, and install errors.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from harness.names import (
+    BACKPORT,
+    DEPLOYED_BROKEN,
     EXPECTED_FAILURE,
     FIXED_UPSTREAM,
     NOT_APPLICABLE,
+    NOT_PROVIDED,
     NOT_RUN,
     OK,
     PATCH_BROKEN,
     PATCH_NEEDED,
     PATCH_STATUSES,
+    PS_API,
+    PS_BACKPORT,
     PS_BROKEN,
     PS_NEEDED,
     PS_NOT_APPLICABLE,
+    PS_NOT_PROVIDED,
     PS_NOT_RUN,
     PS_RETIRE,
     REGRESSION,
+    UPSTREAM_BUG,
+    USE_API,
+    VARIANTS,
     format_statuses,
 )
 from harness.record import Record
@@ -43,10 +58,10 @@ from harness.record import Record
 __all__ = [
     "BASELINE",
     "PATCHED",
-    "PATCH_STATUS_BY_VERDICT",
     "VERDICT_RULES",
     "CellVerdict",
     "Rule",
+    "caveats",
     "combine_patch_statuses",
     "judge",
     "match_rule",
@@ -55,61 +70,65 @@ __all__ = [
     "unexpected_notes",
 ]
 
-# Scenario kinds.
 PATCHED = "patched"
 BASELINE = "baseline"
-
-PATCH_STATUS_BY_VERDICT: Mapping[str, str] = {
-    PATCH_BROKEN: PS_BROKEN,
-    PATCH_NEEDED: PS_NEEDED,
-    FIXED_UPSTREAM: PS_RETIRE,
-    REGRESSION: PS_NOT_APPLICABLE,
-    EXPECTED_FAILURE: PS_NOT_APPLICABLE,
-    OK: PS_NOT_APPLICABLE,
-    NOT_APPLICABLE: PS_NOT_APPLICABLE,
-    NOT_RUN: PS_NOT_RUN,
-}
-
 ANY = "*"
+FAILED = "fail|xfail|upstream"
+
+Records = Mapping[str, "Record | None"]
 
 
 @dataclass(frozen=True, kw_only=True)
 class Rule:
-    """One row of the verdict table; ``*`` in a field matches anything."""
+    """One row of the verdict table: each field is ``*`` or alternatives joined by ``|``."""
 
     number: int
     kind: str
     vanilla: str
     patched: str
+    deployed: str
+    api: str
     verdict: str
     meaning: str
 
-    def matches(self, *, kind: str, vanilla: str, patched: str) -> bool:
-        return all(want in (ANY, got) for want, got in ((self.kind, kind), (self.vanilla, vanilla), (self.patched, patched)))
+    def matches(self, kind: str, classes: Mapping[str, str]) -> bool:
+        wanted = {"kind": self.kind, **{v: getattr(self, v) for v in VARIANTS}}
+        got = {"kind": kind, **classes}
+        return all(w == ANY or got[k] in w.split("|") for k, w in wanted.items())
 
 
-def _rules(*rows: tuple[str, str, str, str, str]) -> tuple[Rule, ...]:
-    return tuple(Rule(number=i, kind=k, vanilla=v, patched=p, verdict=verdict, meaning=m)
-                 for i, (k, v, p, verdict, m) in enumerate(rows, start=1))
+def _rules(*rows: tuple[str, ...]) -> tuple[Rule, ...]:
+    return tuple(Rule(number=i, kind=k, vanilla=v, patched=p, deployed=d, api=a, verdict=verdict, meaning=m)
+                 for i, (k, v, p, d, a, verdict, m) in enumerate(rows, start=1))
 
 
+#: kind, vanilla, patched, deployed, api -> verdict. Outcome classes: pass, xfail (a
+#: documented failure), upstream (one with an upstream issue), fail (undocumented),
+#: skip, broken (install error), not-provided, missing.
 VERDICT_RULES: tuple[Rule, ...] = _rules(
-    (ANY, "missing", "missing", NOT_RUN, "nothing recorded"),
-    (ANY, ANY, "broken", PATCH_BROKEN, "a patch failed to install"),
-    (BASELINE, "fail", "fail", REGRESSION, "baseline scenario fails with and without patches"),
-    (ANY, ANY, "fail", PATCH_BROKEN, "patched run fails unexpectedly"),
-    (ANY, "missing", ANY, NOT_RUN, "vanilla record missing"),
-    (ANY, ANY, "missing", NOT_RUN, "patched record missing"),
-    (ANY, "fail", "pass", PATCH_NEEDED, "the patch fixes a vanilla failure"),
-    (ANY, "xfail", "pass", PATCH_NEEDED, "the patch fixes a documented vanilla failure"),
-    (ANY, "skip", "pass", PATCH_NEEDED, "the patch backports a missing feature"),
-    (PATCHED, "pass", "pass", FIXED_UPSTREAM, "vanilla works: retire the patch"),
-    (BASELINE, "pass", "pass", OK, "baseline scenario works"),
-    (PATCHED, "pass", "xfail", FIXED_UPSTREAM, "vanilla works; patch documented not to"),
-    (BASELINE, "pass", "xfail", EXPECTED_FAILURE, "documented failure under the patches"),
-    (ANY, "xfail", "xfail", EXPECTED_FAILURE, "documented failures on both variants"),
-    (ANY, "fail", ANY, REGRESSION, "vanilla fails unexpectedly, patched gives no fix"),
-    (ANY, ANY, ANY, NOT_APPLICABLE, "skipped"),
+    (ANY, "missing", "missing", "missing", ANY, NOT_RUN, "nothing recorded"),
+    (PATCHED, ANY, "broken", ANY, ANY, PATCH_BROKEN, "a patch of the scenario failed to install"),
+    (PATCHED, ANY, "not-provided", ANY, ANY, NOT_PROVIDED, "the module has no function for a patch of the scenario"),
+    (PATCHED, ANY, "fail", ANY, ANY, PATCH_BROKEN, "the scenario's patches fail where they should pass"),
+    (ANY, ANY, ANY, "broken", ANY, DEPLOYED_BROKEN, "a patch of the module failed to install"),
+    (BASELINE, "fail", ANY, "fail", ANY, REGRESSION, "fails with and without the patches"),
+    (ANY, ANY, ANY, "fail", ANY, DEPLOYED_BROKEN, "every patch installed together fails where it should pass"),
+    (ANY, "missing", ANY, ANY, ANY, NOT_RUN, "vanilla record missing"),
+    (PATCHED, ANY, "missing", ANY, ANY, NOT_RUN, "patched record missing"),
+    (BASELINE, ANY, ANY, "missing", ANY, NOT_RUN, "deployed record missing"),
+    (PATCHED, FAILED, "pass", ANY, "pass", USE_API, "the patch fixes it, and so does torch's public API"),
+    (PATCHED, FAILED, "pass", ANY, ANY, PATCH_NEEDED, "the patch fixes a vanilla failure"),
+    (PATCHED, "skip", "pass", ANY, ANY, BACKPORT, "vanilla lacks the feature the recipe uses; the patches provide it"),
+    (PATCHED, "pass", "pass|xfail", ANY, ANY, FIXED_UPSTREAM, "vanilla works: retire the patch"),
+    (BASELINE, FAILED, ANY, "pass", ANY, PATCH_NEEDED, "the patches fix a failure of plain training"),
+    (BASELINE, "pass", ANY, "pass", ANY, OK, "works with and without the patches"),
+    (BASELINE, "pass", ANY, "xfail", ANY, EXPECTED_FAILURE, "documented failure under the patches"),
+    (ANY, "upstream", "xfail|upstream|missing", "xfail|upstream|skip|missing", ANY, UPSTREAM_BUG,
+     "a documented upstream bug that no patch fixes"),
+    (ANY, "xfail", "xfail|upstream|missing", "xfail|upstream|skip|missing", ANY, EXPECTED_FAILURE,
+     "documented failures"),
+    (ANY, "fail", ANY, ANY, ANY, REGRESSION, "vanilla fails unexpectedly and nothing fixes it"),
+    (ANY, ANY, ANY, ANY, ANY, NOT_APPLICABLE, "skipped"),
 )
 
 
@@ -119,10 +138,10 @@ class CellVerdict:
 
     verdict: str
     kind: str
-    vanilla: str
-    patched: str
+    classes: dict[str, str]
     rule: Rule
     unexpected: tuple[str, ...] = ()
+    caveats: tuple[str, ...] = ()
 
     @property
     def flagged(self) -> bool:
@@ -130,21 +149,24 @@ class CellVerdict:
 
 
 def outcome(record: Record | None, *, variant: str) -> str:
-    """Outcome class of one record (see the module docstring)."""
+    """Outcome class of one record (see ``VERDICT_RULES``)."""
     if record is None:
         return "missing"
     if variant != "vanilla" and record.install_errors:
         return "broken"
+    if variant == "patched" and any(e.get("status") == "not-provided" for n, e in record.patch_install.items()
+                                    if n in record.patches):
+        return "not-provided"
     if record.failed:
-        return "xfail" if record.as_expected else "fail"
+        return ("upstream" if record.upstream else "xfail") if record.as_expected else "fail"
     return "skip" if record.status == "skip" else "pass"
 
 
-def match_rule(*, kind: str, vanilla: str, patched: str) -> Rule:
+def match_rule(kind: str, classes: Mapping[str, str]) -> Rule:
     for rule in VERDICT_RULES:
-        if rule.matches(kind=kind, vanilla=vanilla, patched=patched):
+        if rule.matches(kind, classes):
             return rule
-    raise AssertionError(f"no verdict rule for {kind}/{vanilla}/{patched}")  # the last rule is total
+    raise AssertionError(f"no verdict rule for {kind}/{classes}")  # the last rule is total
 
 
 def _record_note(variant: str, record: Record) -> str | None:
@@ -160,46 +182,77 @@ def _record_note(variant: str, record: Record) -> str | None:
     return f"{variant} {record.status}, expected {expected}"
 
 
-def unexpected_notes(vanilla: Record | None, patched: Record | None) -> tuple[str, ...]:
+def unexpected_notes(records: Records) -> tuple[str, ...]:
     """Human-readable flags for results that differ from their documentation."""
-    notes = [note for variant, rec in (("vanilla", vanilla), ("patched", patched))
-             if rec is not None and (note := _record_note(variant, rec)) is not None]
-    errors = patched.install_errors if patched is not None else {}
-    notes += [f"patch {name} install error" + (f": {reason}" if reason else "") for name, reason in sorted(errors.items())]
-    return tuple(notes)
+    notes = [note for variant, rec in records.items() if rec is not None and (note := _record_note(variant, rec))]
+    for variant in ("patched", "deployed"):
+        rec = records.get(variant)
+        for name, reason in sorted((rec.install_errors if rec is not None else {}).items()):
+            notes.append(f"{variant}: patch {name} install error" + (f": {reason}" if reason else ""))
+    return tuple(dict.fromkeys(notes))
 
 
-def judge(vanilla: Record | None, patched: Record | None, *, patches: Sequence[str] | None = None) -> CellVerdict:
-    """Verdict for one cell; ``patches`` defaults to the union of the records' lists."""
-    if patches is None:
-        patches = sorted({p for r in (vanilla, patched) if r is not None for p in r.patches})
-    kind = PATCHED if patches else BASELINE
-    if any(r is not None and not r.bug_observable for r in (vanilla, patched)):
-        kind = BASELINE  # the bug cannot show on this device: a pass says nothing about the patch
-    v_class, p_class = outcome(vanilla, variant="vanilla"), outcome(patched, variant="patched")
-    rule = match_rule(kind=kind, vanilla=v_class, patched=p_class)
-    return CellVerdict(verdict=rule.verdict, kind=kind, vanilla=v_class, patched=p_class, rule=rule,
-                       unexpected=unexpected_notes(vanilla, patched))
+def caveats(records: Records) -> tuple[str, ...]:
+    """A patch set that turns a vanilla error into a hang or crash: the fix costs the timeout."""
+    vanilla = records.get("vanilla")
+    if vanilla is None or vanilla.status != "error":
+        return ()
+    return tuple(f"{variant} turns vanilla's error into a {rec.status}" for variant in ("patched", "deployed")
+                 if (rec := records.get(variant)) is not None and rec.status in ("hang", "crash"))
 
 
-def _patch_status(patch: str, cell: CellVerdict, errors: Mapping[str, str], patched: Record | None) -> str:
-    if patch in errors:
+def judge(records: Records) -> CellVerdict:
+    """Verdict for one cell from its records by variant (missing variants count as missing)."""
+    present = [r for r in records.values() if r is not None]
+    patches = sorted({p for r in present for p in r.patches})
+    kind = PATCHED if patches and all(r.bug_observable for r in present) else BASELINE
+    classes = {v: outcome(records.get(v), variant=v) for v in VARIANTS}
+    rule = match_rule(kind, classes)
+    return CellVerdict(verdict=rule.verdict, kind=kind, classes=classes, rule=rule,
+                       unexpected=unexpected_notes(records), caveats=caveats(records))
+
+
+def patch_contributions(cell: CellVerdict, records: Records) -> dict[str, tuple[str, str]]:
+    """Patch -> (status, why) for what this cell shows about each patch it involves."""
+    present = {v: r for v, r in records.items() if r is not None}
+    out: dict[str, tuple[str, str]] = {}
+    for variant, rec in present.items():
+        for name, entry in rec.patch_install.items():
+            if entry.get("status") == "error":
+                out[name] = (PS_BROKEN, f"{variant} install error: {entry.get('reason', '')}")
+            elif entry.get("status") == "not-provided" and name not in out:
+                out[name] = (PS_NOT_PROVIDED, entry.get("reason", ""))
+    patched, vanilla, api = present.get("patched"), present.get("vanilla"), present.get("api")
+    if any(not r.bug_observable for r in present.values()):
+        hidden = sorted({p for r in present.values() for p in r.patches} - set(out))
+        return out | {name: (PS_NOT_APPLICABLE, "its bug cannot show on this device") for name in hidden}
+    if patched is None or cell.kind != PATCHED:
+        return out
+    if cell.verdict == NOT_PROVIDED or patched.install_errors:
+        return out  # the set did not run as a whole: this cell says nothing about the other patches
+    fixed = [vanilla.fixed_by] if vanilla is not None and vanilla.fixed_by else list(patched.patches)
+    for name in patched.patches:
+        if name in out:
+            continue
+        install = (patched.patch_install.get(name) or {}).get("status")
+        if install == "not-applicable" and cell.verdict != PATCH_BROKEN:
+            out[name] = (PS_RETIRE, f"the patch found its target gone: {patched.patch_install[name].get('reason', '')}")
+        elif (status := _status_from_cell(cell.verdict, name, fixed, api)) is not None:
+            out[name] = (status, cell.rule.meaning)
+    return out
+
+
+def _status_from_cell(verdict: str, name: str, fixed: list[str], api: Record | None) -> str | None:
+    if verdict == PATCH_BROKEN:
         return PS_BROKEN
-    if cell.patched == "broken":
-        return PS_NOT_RUN  # broken by another patch's install error: says nothing about this one
-    install = (patched.patch_install.get(patch) or {}).get("status") if patched is not None else None
-    if cell.verdict != PATCH_BROKEN and cell.vanilla == "pass" and install == "not-applicable":
-        return PS_RETIRE
-    return PATCH_STATUS_BY_VERDICT[cell.verdict]
-
-
-def patch_contributions(patches: Sequence[str], cell: CellVerdict, patched: Record | None) -> dict[str, str]:
-    """Per-patch status this cell contributes, for its scenario's patches and install errors."""
-    errors = patched.install_errors if patched is not None else {}
-    return {name: _patch_status(name, cell, errors, patched) for name in sorted(set(patches) | set(errors))}
+    if verdict in (USE_API, PATCH_NEEDED):
+        if name not in fixed:
+            return None  # this cell's failure is another patch's business
+        return PS_API if verdict == USE_API and api is not None and name in api.api_replaces else PS_NEEDED
+    return {BACKPORT: PS_BACKPORT, FIXED_UPSTREAM: PS_RETIRE, NOT_RUN: PS_NOT_RUN}.get(verdict, PS_NOT_APPLICABLE)
 
 
 def combine_patch_statuses(statuses: Iterable[str]) -> str:
-    """Strongest status: broken > needed > retire > not applicable > not run."""
+    """The strongest status, in the order of ``PATCH_STATUSES``."""
     present = set(statuses)
     return next((s for s in PATCH_STATUSES if s in present), PS_NOT_RUN)

@@ -33,7 +33,7 @@ from harness.plan import Cell, LaunchPlan
 from harness.reference import quirks_for, run_reference
 from harness.registry import load_scenarios
 from harness.snapshot import StepSnapshot
-from harness.spec import Scenario
+from harness.spec import UNUSED_PARAMS_API, Scenario
 
 __all__ = ["main"]
 
@@ -54,8 +54,11 @@ def main(argv: list[str] | None = None) -> None:
     scenarios = load_scenarios(plan.scenario_dirs).scenarios
     patches = _PatchSets(plan)
     for cell in plan.cells:
-        installs, utilities = patches.activate(cell.patches if cell.variant == "patched" else ())
-        if not _run_cell(cell, plan, scenarios[cell.scenario], installs, utilities, store, rank, world):
+        installs, utilities = patches.activate(cell.patches)
+        scenario = scenarios[cell.scenario]
+        if cell.variant == "api":
+            scenario = scenario.with_api()
+        if not _run_cell(cell, plan, scenario, installs, utilities, store, rank, world):
             _exit(EXIT_POISONED)
     _exit(0)  # avoids the frequent abort at interpreter exit after destroy_process_group()
 
@@ -102,8 +105,8 @@ class _PatchSets:
         try:
             module = load_patches_module(self.plan.patches_module)
         except ValueError as e:
-            return {n: {"status": "error", "reason": f"patch install error: {e}"} for n in names}, {}
-        return install_set(module, names, self.plan.patch_mapping)
+            return {n: {"status": "error", "reason": str(e)} for n in names}, {}
+        return install_set(module, names, self.plan.patch_mapping, label=self.plan.patches_module)
 
 
 # -- one cell ---------------------------------------------------------------------------
@@ -116,9 +119,10 @@ def _run_cell(cell: Cell, plan: LaunchPlan, scenario: Scenario, installs: dict[s
     t0 = time.time()
     if rank == 0:
         record.mark_progress(plan.progress_path, cell.index, "start")
-    cell_installs = {n: installs[n] for n in scenario.patches if n in installs}
+    cell_installs = {n: installs[n] for n in cell.patches}
     skip = _skip_reason(cell, scenario, world)
-    install_error = next((v["reason"] for v in cell_installs.values() if v["status"] == "error"), None)
+    install_error = next((f"patch install error: {n}: {v['reason']}" for n, v in cell_installs.items()
+                          if v["status"] == "error"), None)
     observed: list[StepSnapshot] | None = None
     outcome = peers.RankOutcome(rank=rank, ok=True)
     if skip is None and install_error is None:
@@ -160,7 +164,7 @@ def _run_cell(cell: Cell, plan: LaunchPlan, scenario: Scenario, installs: dict[s
     else:
         fields.update(peers.blame(outcomes))
     rec = record.new_record(cell, run_id=plan.run_id, launch_id=plan.launch_id, patches_module=plan.patches_module,
-                            t0=t0, **fields)
+                            patches_module_id=plan.patches_module_id, t0=t0, **fields)
     record.append(plan.out_path, record.finish(rec, t0))
     store.set(f"{prefix}/recorded", "1")
     return not missing and not store.check([f"{prefix}/abandoned"])
@@ -175,11 +179,9 @@ def _exit(code: int) -> None:
 def _skip_reason(cell: Cell, scenario: Scenario, world: int) -> str | None:
     if cell.device == "cuda" and torch.cuda.device_count() < int(os.environ.get("LOCAL_WORLD_SIZE", world)):
         return f"needs {world} GPUs, {torch.cuda.device_count()} visible"
-    if scenario.sharding.reduce_scatter_unused_params and cell.variant == "vanilla":
-        from torch.distributed.fsdp import FSDPModule
-
-        if not hasattr(FSDPModule, "set_reduce_scatter_unused_params"):
-            return "recipe needs FSDPModule.set_reduce_scatter_unused_params, absent in this torch"
+    if scenario.sharding.reduce_scatter_unused_params and cell.variant in ("vanilla", "api"):
+        if not UNUSED_PARAMS_API.available():
+            return f"recipe needs {UNUSED_PARAMS_API.describe()}, absent in this torch"
     return None
 
 
@@ -223,10 +225,15 @@ def _abort_groups() -> None:
 def _judge_guarded(scenario: Scenario, observed: list[StepSnapshot], world: int, cell: Cell) -> dict[str, Any]:
     """Reference + comparison; a broken reference must not lose the cell."""
     try:
-        quirks = quirks_for(torch_version=torch.__version__, backend=cell.backend)
+        quirks = quirks_for(torch_version=torch.__version__, backend=cell.backend) if scenario.reference_quirks else []
         reference = run_reference(scenario, world, quirks=quirks)
-        result = compare.compare_runs(observed, reference, compare.tolerance_for(scenario))
-        return {**result.as_record_fields(), "reference_quirks": quirks, "status": "pass" if result.ok else "mismatch"}
+        result = compare.compare_runs(observed, reference)
+        fields = {**result.as_record_fields(), "reference_quirks": quirks, "status": "pass" if result.ok else "mismatch"}
+        if result.reference_nonfinite:
+            where = ", ".join(result.reference_nonfinite[:3])
+            fields.update(status="error", exc_type="ScenarioError",
+                          exc_msg=f"the reference itself is non-finite ({where}): the scenario is wrong, not FSDP2")
+        return fields
     except Exception as e:
         return dict(status="error", exc_type=type(e).__name__, exc_msg=f"reference/compare failed: {e}"[:500],
                     traceback=traceback.format_exc()[-8000:])

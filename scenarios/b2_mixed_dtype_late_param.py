@@ -19,5 +19,5 @@ SCENARIO = Scenario(
     sharding=sharding(api=False),
     schedule=accumulate(2),
     patches=("uniform_reduce_dtype",),
-    expect=(Expect(status="error", torch="<2.15", match="uniform gradient dtype"),),
+    expect=(Expect(status="error", torch="<2.15", match="uniform gradient dtype", fixed_by="uniform_reduce_dtype"),),
 )

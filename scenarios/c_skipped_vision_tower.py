@@ -27,5 +27,5 @@ SCENARIO = Scenario(
     sharding=Sharding(units=("vision",), param_dtype=torch.bfloat16, reduce_dtype=torch.float32),
     schedule=accumulate(2),
     patches=("accumulated_grad_guard",),
-    expect=(Expect(status="error", torch="<2.15", match="_unsharded_param"),),
+    expect=(Expect(status="error", torch="<2.15", match="_unsharded_param", fixed_by="accumulated_grad_guard"),),
 )

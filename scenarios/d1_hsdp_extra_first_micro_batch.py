@@ -7,7 +7,7 @@ has fewer: "The size of tensor a (..) must match the size of tensor b (..)".
 import torch
 from torch import nn
 
-from harness.spec import Expect, Scenario, mean_square
+from harness.spec import UNUSED_PARAMS_API, Expect, Scenario, mean_square
 from scenarios._hsdp_usage import DEFERRED, GLOO_NO_AVG, HSDP
 
 
@@ -31,6 +31,7 @@ SCENARIO = Scenario(
     schedule=DEFERRED,
     world_sizes=(2, 4),
     patches=("unused_param_reduction",),
+    api=UNUSED_PARAMS_API,
     # the D1 error comes before the all-reduce, so it wins over GLOO_NO_AVG on torch 2.7
-    expect=(Expect(status="error", torch="<2.15", match="must match the size of tensor b"), GLOO_NO_AVG),
+    expect=(Expect(status="error", torch="<2.15", match="must match the size of tensor b", fixed_by="unused_param_reduction"), GLOO_NO_AVG),
 )

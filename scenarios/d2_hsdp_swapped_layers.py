@@ -8,7 +8,7 @@ Silent corruption: only the reference comparison catches it.
 import torch
 from torch import nn
 
-from harness.spec import Expect, Scenario, mean_square
+from harness.spec import UNUSED_PARAMS_API, Expect, Scenario, mean_square
 from scenarios._hsdp_usage import DEFERRED, GLOO_NO_AVG, HSDP
 
 
@@ -33,5 +33,6 @@ SCENARIO = Scenario(
     schedule=DEFERRED,
     world_sizes=(2, 4),
     patches=("unused_param_reduction",),
-    expect=(GLOO_NO_AVG, Expect(status="mismatch", torch="<2.15", match="presence"),),
+    api=UNUSED_PARAMS_API,
+    expect=(GLOO_NO_AVG, Expect(status="mismatch", torch="<2.15", match="presence", fixed_by="unused_param_reduction"),),
 )

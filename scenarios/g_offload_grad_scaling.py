@@ -17,5 +17,6 @@ SCENARIO = Scenario(
     grad_scale=0.25,
     patches=("scale_grads",),
     bug_devices=("cuda",),
-    expect=(Expect(status="error", devices=("cuda",), match="Expected all tensors to be on the same device"),),
+    expect=(Expect(status="error", devices=("cuda",), match="Expected all tensors to be on the same device",
+                   fixed_by="scale_grads"),),
 )

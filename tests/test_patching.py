@@ -28,10 +28,20 @@ def test_outcomes_installed_not_applicable_error_missing(module):
     assert out["good"].status == "installed" and module.CALLS == ["good"]
     assert (out["fine"].status, out["fine"].reason) == ("not-applicable", "fixed upstream")
     assert out["explodes"].status == "error"
-    assert out["explodes"].reason == "patch install error: RuntimeError: cannot find FSDPParamGroup.post_backward"
-    assert out["absent"].status == "error"
-    assert out["absent"].reason.startswith("patch install error: patch target missing: ")
+    assert out["explodes"].reason == "RuntimeError: cannot find FSDPParamGroup.post_backward"
+    assert out["absent"].status == "not-provided"
+    assert out["absent"].reason == f"{module.__name__} has no patch_fsdp_absent or patch_absent"
     assert out["clip_grad_norm"].status == "installed"
+
+
+def test_a_missing_function_does_not_stop_the_others_and_names_the_file(module, tmp_path):
+    label = str(tmp_path / "third_party_patches.py")
+    out = install_patches(module, ["absent", "good"], label=label)
+    assert out["absent"].status == "not-provided" and out["absent"].reason.startswith(f"{label} has no ")
+    assert out["good"].status == "installed"
+    mapped = install_patches(module, ["good2"], {"good2": "patch_typo"}, label=label)
+    assert mapped["good2"].status == "error"  # a mapping that names a missing function is a mistake
+    assert mapped["good2"].reason == f"patch target missing: {label} has no patch_typo (mapped from good2)"
 
 
 def test_mapping_overrides_lookup(module):

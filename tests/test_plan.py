@@ -30,16 +30,19 @@ def test_plan_rejects_bad_device_and_variant(kw, msg):
         plan_cells([A], **args)
 
 
-def test_patched_baseline_cells_get_every_patch_and_grouping():
+def test_variants_patched_only_with_patches_deployed_everywhere_and_grouping():
     cells = plan_cells(
-        [A, B], world_sizes=None, devices=["cpu"], variants=["vanilla", "patched"],
-        explicit_scenarios=False, baseline_patches=all_patch_names([A, B]),
+        [A, B], world_sizes=None, devices=["cpu"], variants=["vanilla", "patched", "deployed", "api"],
+        explicit_scenarios=False, deployed_patches=all_patch_names([A, B]) + ("p2",),
     )
-    patched_b = [c for c in cells if c.scenario == "b" and c.variant == "patched"]
-    assert all(c.patches == ("p1",) for c in patched_b)
+    assert {c.variant for c in cells if c.scenario == "b"} == {"vanilla", "deployed"}  # no patches, no API
+    assert all(c.patches == ("p1", "p2") for c in cells if c.variant == "deployed")
+    assert all(c.patches == ("p1",) for c in cells if c.variant == "patched")
+    assert all(c.scenario_patches == ("p1",) for c in cells if c.scenario == "a")
+    cells = [c for c in cells if c.variant != "deployed"]
     # default: one launch per (device, world size), vanilla first, each patch set together
     groups = group_into_launches(cells)
-    assert sorted(len(g) for g in groups) == [2, 2, 4]
+    assert sorted(len(g) for g in groups) == [1, 2, 3]
     for g in groups:
         assert len({(c.device, c.world_size) for c in g}) == 1
         variants = [c.variant for c in g]
@@ -60,7 +63,8 @@ def test_risky_cells_run_last_in_a_launch():
 
 def test_launch_plan_roundtrip(tmp_path):
     cells = plan_cells([A], world_sizes=None, devices=["cpu"], variants=["patched"], explicit_scenarios=False)
-    plan = LaunchPlan(run_id="r", launch_id="l", device="cpu", world_size=1,
-                      patches_module="m", patch_mapping={}, out_path="o", progress_path="p", cells=cells)
+    plan = LaunchPlan(run_id="r", launch_id="l", device="cpu", world_size=1, patches_module="m",
+                      patches_module_id="m (m.py, sha256 0)", patch_mapping={}, out_path="o", progress_path="p",
+                      cells=cells)
     plan.dump(tmp_path / "p.json")
     assert LaunchPlan.load(str(tmp_path / "p.json")) == plan

@@ -1,7 +1,9 @@
-"""Render compat.html in headless Chromium: check the DOM text and the screenshot pixels."""
+"""Render compat.html in headless Chromium at 1400x900: the per-patch table is in the first
+screen, the heatmap has one linked cell per (scenario, world size, torch), and the colours show."""
 
 from __future__ import annotations
 
+import html
 import json
 import struct
 import subprocess
@@ -12,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from harness.report import VERDICT_COLORS, build_report
+from harness.report import PATCH_COLORS, build_report
 
 CHROMIUM = Path("/usr/bin/chromium")
 WIDTH, HEIGHT = 1400, 900
@@ -23,33 +25,37 @@ pytestmark = [
 ]
 
 
-def record(scenario: str, variant: str, torch: str, status: str, **extra: Any) -> dict[str, Any]:
-    """A schema-1 record that met its expectation unless ``extra`` says otherwise."""
+VERSIONS = ["2.7.1", "2.8.0", "2.9.1", "2.10.0", "2.11.0", "2.12.1", "2.13.0", "2.14.1", "2.15.0"]
+SCENARIOS = [f"scenario_{i:02d}" for i in range(24)]
+
+
+def record(scenario: str, variant: str, torch: str, status: str, world_size: int = 2, **extra: Any) -> dict[str, Any]:
+    """A record that met its expectation unless ``extra`` says otherwise."""
     base = {
-        "schema": 1, "run_id": "r1", "started_at": "2026-11-20T10:00:00Z", "scenario": scenario,
-        "variant": variant, "patches": ["unused_param_reduction"], "patch_install": {}, "torch": torch,
-        "device": "cpu", "backend": "gloo", "world_size": 2, "mesh": [2], "status": status,
-        "expected": status, "expected_match": None, "as_expected": True, "exc_type": None, "exc_msg": None,
-        "max_abs_diff": None, "max_rel_diff": None, "worst": None, "diffs": [], "duration_s": 1.0,
-        "env": {"python": "3.11.7", "torch": torch, "torch_build": "cpu", "cuda": None, "gpu": None,
-                "host": "ci-host", "platform": "Linux"},
+        "schema": 2, "run_id": "r1", "started_at": "2026-11-20T10:00:00Z", "scenario": scenario,
+        "variant": variant, "patches": ["unused_param_reduction"], "torch": torch, "device": "cpu",
+        "backend": "gloo", "world_size": world_size, "status": status, "expected": status, "as_expected": True,
+        "patches_module_id": "fsdp_patches 1.0 (fsdp_patches, sha256 0123456789ab)",
+        "env": {"python": "3.11.7", "torch": torch + "+cpu", "torch_build": "cpu", "host": "ci-host",
+                "platform": "Linux-x86_64", "cpus": 2},
     }
     return base | extra
 
 
 def sample_lines() -> list[str]:
-    recs = [
-        record("unused_params", "vanilla", "2.9.1", "error", exc_type="RuntimeError", exc_msg="reduction not finished"),
-        record("unused_params", "patched", "2.9.1", "pass"),
-        record("unused_params", "vanilla", "2.10.0", "error"),
-        record("unused_params", "patched", "2.10.0", "pass"),
-        record("unused_params", "vanilla", "2.13.0+cpu", "pass"),
-        record("unused_params", "patched", "2.13.0+cpu", "pass"),
-        record("baseline_mlp", "vanilla", "2.9.1", "pass", patches=[]),
-        record("baseline_mlp", "patched", "2.9.1", "mismatch", patches=[], expected="pass", as_expected=False,
-               max_abs_diff=0.5),
-        record("baseline_mlp", "vanilla", "2.10.0", "pass", patches=[]),
-    ]
+    """A full-size matrix: 24 scenarios x 2 world sizes x 9 versions, needed on old versions,
+    fixed upstream from 2.13, one broken patched cell, one malformed line."""
+    recs = []
+    for scenario in SCENARIOS:
+        for ws in (2, 4):
+            for i, v in enumerate(VERSIONS):
+                vanilla = "pass" if i >= 6 else "error"
+                recs.append(record(scenario, "vanilla", v, vanilla, ws, exc_type="RuntimeError",
+                                   exc_msg="reduction not finished", fixed_by="unused_param_reduction"))
+                recs.append(record(scenario, "patched", v, "pass", ws))
+                recs.append(record(scenario, "deployed", v, "pass", ws))
+    recs.append(record(SCENARIOS[0], "patched", "2.10.0", "mismatch", 2, expected="pass", as_expected=False,
+                       max_abs_diff=0.5, started_at="2026-11-21T10:00:00Z"))
     return [json.dumps(r) for r in recs] + ["{broken json"]
 
 
@@ -58,6 +64,20 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("browser")
     (root / "runs.jsonl").write_text("\n".join(sample_lines()) + "\n", encoding="utf-8")
     return build_report([root / "runs.jsonl"], root / "out")["html"]
+
+
+#: Appended to a copy of the page: measures the layout at the window size and writes it
+#: into the DOM, which --dump-dom then prints (the report itself has no script).
+PROBE = """<script>
+const life = document.querySelector("table.lifecycle").getBoundingClientRect();
+const cells = document.querySelectorAll("table.heatmap td");
+document.body.insertAdjacentHTML("beforeend", "<pre id=probe>" + JSON.stringify({
+  lifecycle_top: life.top, lifecycle_bottom: life.bottom, viewport: window.innerHeight,
+  heatmap_cells: cells.length, linked: document.querySelectorAll("table.heatmap td a[href^='#d-']").length,
+  targets: [...cells].filter(td => { const a = td.querySelector("a");
+                                      return a && document.getElementById(a.getAttribute("href").slice(1)); }).length,
+}) + "</pre>");
+</script>"""
 
 
 def chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -109,15 +129,31 @@ def hex_rgb(color: str) -> tuple[int, int, int]:
     return tuple(int(color[i:i + 2], 16) for i in (1, 3, 5))  # type: ignore[return-value]
 
 
-def test_dom_shows_verdicts_and_versions(report: Path, tmp_path: Path) -> None:
+def test_first_screen_has_the_per_patch_table_and_the_heatmap_has_one_cell_per_run(report: Path,
+                                                                                   tmp_path: Path) -> None:
+    probed = tmp_path / "probed.html"
+    probed.write_text(report.read_text(encoding="utf-8").replace("</body>", PROBE + "</body>"), encoding="utf-8")
+    dom = chromium(tmp_path, f"--window-size={WIDTH},{HEIGHT}", "--virtual-time-budget=5000", "--dump-dom",
+                   probed.as_uri()).stdout
+    probe = json.loads(html.unescape(dom.split('<pre id="probe">', 1)[1].split("</pre>", 1)[0]))
+    # headless Chromium keeps some of the window for its (invisible) UI: the viewport is what counts
+    assert 0.7 * HEIGHT < probe["viewport"] <= HEIGHT
+    assert 0 < probe["lifecycle_top"] < probe["lifecycle_bottom"] <= probe["viewport"], probe  # in the first screen
+    assert probe["heatmap_cells"] == len(SCENARIOS) * 2 * len(VERSIONS)  # (scenario, world size, torch)
+    assert probe["linked"] == probe["targets"] == probe["heatmap_cells"]  # every cell links to its details row
+
+
+def test_dom_shows_decisions_and_versions(report: Path, tmp_path: Path) -> None:
     dom = chromium(tmp_path, "--dump-dom", report.as_uri()).stdout
     assert "FSDP2 patch compatibility report" in dom
-    for text in ("patch needed", "patch broken", "fixed upstream", "not run", "ci-host", "unused_param_reduction"):
-        assert text in dom, text
+    assert "fsdp_patches 1.0 (fsdp_patches, sha256 0123456789ab)" in dom
+    assert "2.7.1–2.9.1, 2.11.0–2.12.1" in dom and "2.13.0–2.15.0 (shown by scenario_00" in dom
     header = dom[dom.index('id="verdicts-cpu"'):]
-    positions = [header.index(f">{v}</th>") for v in ("2.9.1", "2.10.0", "2.13.0+cpu")]
+    positions = [header.index(f">{v}</th>") for v in VERSIONS]
     assert positions == sorted(positions), "torch columns not in numeric order"
-    assert "runs.jsonl:10: bad JSON" in dom
+    assert "+cpu</th>" not in header.split("</thead>")[0]  # builds go in the environment rows
+    assert "2.13.0+cpu" in dom[dom.index('id="environment-cpu"'):]
+    assert "runs.jsonl:" in dom and "bad JSON" in dom
     assert "reduction not finished" in dom  # hover title / details
 
 
@@ -131,5 +167,5 @@ def test_screenshot_is_colored_by_verdict(report: Path, tmp_path: Path) -> None:
     counts = Counter(pixels)
     assert len(counts) > 50, "screenshot is (nearly) a single color"
     assert counts.most_common(1)[0][1] < 0.95 * len(pixels)
-    for verdict in ("patch needed", "patch broken", "fixed upstream"):
-        assert counts[hex_rgb(VERDICT_COLORS[verdict])] > 1_000, f"no {verdict} cell visible"
+    for status in ("needed", "retire", "broken"):  # the per-patch statuses, in the first screen
+        assert counts[hex_rgb(PATCH_COLORS[status])] > 500, f"no {status} cell visible"

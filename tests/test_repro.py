@@ -82,14 +82,28 @@ def test_third_party_module_is_judged_needed_and_broken(tmp_path):
     assert summary["uniform_reduce_dtype"] == "broken"
 
 
-def test_missing_patch_function_is_recorded_not_a_crash(tmp_path):
+def test_a_function_the_module_lacks_is_not_provided_and_the_rest_still_runs(tmp_path):
     out = tmp_path / "r.jsonl"
     _cli("run", "--scenario", "c_skipped_vision_tower", "--world-size", "1", "--variant", "patched",
-         "--patches", "tests/fixtures/third_party_patches.py", "--out", str(out), "--quiet")
-    (rec,) = map(json.loads, out.read_text().splitlines())
-    assert rec["status"] == "error"
-    assert rec["exc_msg"].startswith("patch install error: patch target missing: ")
-    assert rec["patch_install"]["accumulated_grad_guard"]["status"] == "error"
+         "--variant", "deployed", "--patches", "tests/fixtures/third_party_patches.py",
+         "--patch-map", "uniform_reduce_dtype=patch_widen_grads", "--out", str(out), "--quiet")
+    records = {r["variant"]: r for r in map(json.loads, out.read_text().splitlines())}
+    patched = records["patched"]
+    assert patched["patch_install"]["accumulated_grad_guard"] == {
+        "status": "not-provided", "reason": "tests/fixtures/third_party_patches.py has no "
+                                            "patch_fsdp_accumulated_grad_guard or patch_accumulated_grad_guard"}
+    assert patched["status"] == "error" and "_unsharded_param" in patched["exc_msg"]  # ran, without the guard
+    deployed = records["deployed"]
+    assert deployed["patch_install"]["uniform_reduce_dtype"]["status"] == "installed"  # the others installed
+    assert deployed["patch_install"]["unused_param_reduction"]["status"] == "not-provided"
+
+    from harness.tables import build_tables
+
+    tables = build_tables([out])
+    assert tables.cells.iloc[0]["verdict"] == "not provided"
+    summary = {row.patch: row.status for row in tables.patches.itertuples()}
+    assert summary["accumulated_grad_guard"] == "not provided"
+    assert tables.modules[0].startswith("tests/fixtures/third_party_patches.py (tests/fixtures/third_party_patches.py")
 
 
 def test_scenario_written_from_a_users_snippet_reproduces_and_is_fixed(tmp_path):

@@ -1,28 +1,41 @@
-"""Table-driven tests for harness.verdict."""
+"""Table-driven tests for harness.verdict: cell verdicts from the four variants, per-patch
+statuses a maintainer acts on, caveats and unexpected notes."""
 
 from __future__ import annotations
+
+import itertools
 
 import pytest
 
 from harness.names import (
+    BACKPORT,
+    DEPLOYED_BROKEN,
     EXPECTED_FAILURE,
     FIXED_UPSTREAM,
     NOT_APPLICABLE,
+    NOT_PROVIDED,
     NOT_RUN,
     OK,
     PATCH_BROKEN,
     PATCH_NEEDED,
+    PS_API,
+    PS_BACKPORT,
     PS_BROKEN,
     PS_NEEDED,
     PS_NOT_APPLICABLE,
+    PS_NOT_PROVIDED,
     PS_NOT_RUN,
     PS_RETIRE,
     REGRESSION,
+    UPSTREAM_BUG,
+    USE_API,
+    VARIANTS,
     VERDICTS,
 )
 from harness.record import Record
 from harness.verdict import (
     VERDICT_RULES,
+    caveats,
     combine_patch_statuses,
     judge,
     match_rule,
@@ -32,179 +45,161 @@ from harness.verdict import (
 )
 from tests.conftest import make_record
 
-PATCHES = ["unused_param_reduction"]
+A, B, E = "unused_param_reduction", "uniform_reduce_dtype", "restore_unused_param_grads"
 
 
-def rec(
-    status: str | None,
-    *,
-    variant: str = "vanilla",
-    expected: str | None = None,
-    patches: list[str] | None = None,
-    install: dict[str, str] | None = None,
-    expected_match: str | None = None,
-    as_expected: bool | None = None,
-    bug_observable: bool = True,
-) -> Record | None:
-    """A minimal record; ``expected`` defaults to ``status`` (as expected)."""
+def rec(status: str | None, variant: str = "vanilla", *, expected: str | None = None, patches=(A,),
+        install: dict[str, str] | None = None, **extra) -> Record | None:
+    """A record; ``expected`` defaults to ``status`` (as expected)."""
     if status is None:
         return None
-    expected = status if expected is None else expected
-    return make_record(
-        variant=variant, status=status, expected=expected, expected_match=expected_match,
-        as_expected=status == expected if as_expected is None else as_expected, bug_observable=bug_observable,
-        patches=PATCHES if patches is None else patches,
-        patch_install={name: {"status": st, "reason": f"{st} reason"} for name, st in (install or {}).items()},
-    )
+    return make_record(variant=variant, status=status, expected=expected or status, patches=list(patches),
+                       patch_install={n: {"status": s, "reason": f"{s} reason"} for n, s in (install or {}).items()},
+                       **extra)
 
 
-# vanilla (status, expected), patched (status, expected), patches, install map, verdict
-CASES: list[tuple[str, tuple | None, tuple | None, list[str], dict[str, str], str]] = [
-    ("nothing", None, None, PATCHES, {}, NOT_RUN),
-    ("vanilla only", ("error", "error"), None, PATCHES, {}, NOT_RUN),
-    ("patched only pass", None, ("pass", "pass"), PATCHES, {}, NOT_RUN),
-    ("patched only, fails unexpectedly", None, ("mismatch", "pass"), PATCHES, {}, PATCH_BROKEN),
-    ("needed: documented failure fixed", ("error", "error"), ("pass", "pass"), PATCHES, {}, PATCH_NEEDED),
-    ("needed: regression fixed", ("mismatch", "pass"), ("pass", "pass"), PATCHES, {}, PATCH_NEEDED),
-    ("needed: hang fixed", ("hang", "hang"), ("pass", "pass"), PATCHES, {}, PATCH_NEEDED),
-    ("needed: backport of missing feature", ("skip", "skip"), ("pass", "pass"), PATCHES, {}, PATCH_NEEDED),
-    ("fixed upstream", ("pass", "pass"), ("pass", "pass"), PATCHES, {}, FIXED_UPSTREAM),
-    ("fixed upstream, vanilla unexpectedly passes", ("pass", "error"), ("pass", "pass"), PATCHES, {}, FIXED_UPSTREAM),
-    ("fixed upstream, patch documented failing", ("pass", "pass"), ("error", "error"), PATCHES, {}, FIXED_UPSTREAM),
-    ("broken: patched fails unexpectedly", ("error", "error"), ("mismatch", "pass"), PATCHES, {}, PATCH_BROKEN),
-    ("broken: patch breaks working vanilla", ("pass", "pass"), ("crash", "pass"), PATCHES, {}, PATCH_BROKEN),
-    ("broken: both regress", ("error", "pass"), ("error", "pass"), PATCHES, {}, PATCH_BROKEN),
-    ("broken: install error beats pass", ("error", "error"), ("pass", "pass"), PATCHES,
-     {"unused_param_reduction": "error"}, PATCH_BROKEN),
-    ("broken: install error, vanilla missing", None, ("pass", "pass"), PATCHES,
-     {"unused_param_reduction": "error"}, PATCH_BROKEN),
-    ("baseline ok", ("pass", "pass"), ("pass", "pass"), [], {}, OK),
-    ("baseline broken by patches", ("pass", "pass"), ("error", "pass"), [], {}, PATCH_BROKEN),
-    ("baseline regression", ("error", "pass"), ("error", "pass"), [], {}, REGRESSION),
-    ("baseline documented failure under patches", ("pass", "pass"), ("error", "error"), [], {}, EXPECTED_FAILURE),
-    ("baseline fixed by patches", ("error", "error"), ("pass", "pass"), [], {}, PATCH_NEEDED),
-    ("expected failure both", ("error", "error"), ("error", "error"), PATCHES, {}, EXPECTED_FAILURE),
-    ("expected failure baseline", ("mismatch", "mismatch"), ("mismatch", "mismatch"), [], {}, EXPECTED_FAILURE),
-    ("regression, patched documented", ("error", "pass"), ("error", "error"), PATCHES, {}, REGRESSION),
-    ("regression, patched skipped", ("hang", "pass"), ("skip", "skip"), PATCHES, {}, REGRESSION),
-    ("n/a both skip", ("skip", "skip"), ("skip", "skip"), PATCHES, {}, NOT_APPLICABLE),
-    ("n/a patched skip", ("pass", "pass"), ("skip", "skip"), PATCHES, {}, NOT_APPLICABLE),
-    ("n/a vanilla skip, patched documented fail", ("skip", "skip"), ("error", "error"), PATCHES, {}, NOT_APPLICABLE),
-    ("n/a baseline skips", ("skip", "skip"), ("skip", "skip"), [], {}, NOT_APPLICABLE),
+def cell(v=None, p=None, d=None, a=None, *, patches=(A,), **kw):
+    """Records by variant from (status, expected) pairs, or a status alone (as expected)."""
+    out = {}
+    for variant, spec in zip(VARIANTS, (v, p, d, a)):
+        if spec is None:
+            out[variant] = None
+            continue
+        status, expected = spec if isinstance(spec, tuple) else (spec, spec)
+        out[variant] = rec(status, variant, expected=expected, patches=patches, **kw.get(variant, {}))
+    return out
+
+
+CASES = [
+    ("nothing", cell(), NOT_RUN),
+    ("needed", cell("error", "pass", "pass"), PATCH_NEEDED),
+    ("needed: undocumented vanilla failure", cell(("mismatch", "pass"), "pass", "pass"), PATCH_NEEDED),
+    ("public API fixes it too", cell("crash", "pass", "pass", "pass"), USE_API),
+    ("API absent on this torch", cell("crash", "pass", "pass", "skip"), PATCH_NEEDED),
+    ("API does not fix it", cell("crash", "pass", "pass", ("crash", "pass")), PATCH_NEEDED),
+    ("backport", cell("skip", "pass", "pass"), BACKPORT),
+    ("fixed upstream", cell("pass", "pass", "pass"), FIXED_UPSTREAM),
+    ("fixed upstream, vanilla was documented failing", cell(("pass", "error"), "pass", "pass"), FIXED_UPSTREAM),
+    ("patch broken", cell("error", ("mismatch", "pass"), "pass"), PATCH_BROKEN),
+    ("patch breaks working vanilla", cell("pass", ("crash", "pass"), "pass"), PATCH_BROKEN),
+    ("install error", cell("error", "pass", "pass", patched={"install": {A: "error"}}), PATCH_BROKEN),
+    ("not provided", cell("error", ("error", "pass"), "pass", patched={"install": {A: "not-provided"}}), NOT_PROVIDED),
+    ("deployed set breaks it", cell("error", "pass", ("mismatch", "pass")), DEPLOYED_BROKEN),
+    ("deployed install error", cell("pass", "pass", "pass", deployed={"install": {"z": "error"}}), DEPLOYED_BROKEN),
+    ("expected failures", cell("error", "hang", "hang"), EXPECTED_FAILURE),
+    ("regression", cell(("error", "pass"), ("error", "error"), ("error", "error")), REGRESSION),
+    ("vanilla missing", cell(None, "pass", "pass"), NOT_RUN),
+    ("patched missing", cell("error", None, "pass"), NOT_RUN),
+    ("skips", cell("skip", "skip", "skip"), NOT_APPLICABLE),
+    ("baseline ok", cell("pass", None, "pass", patches=()), OK),
+    ("baseline broken by the patches", cell("pass", None, ("error", "pass"), patches=()), DEPLOYED_BROKEN),
+    ("baseline regression", cell(("error", "pass"), None, ("error", "pass"), patches=()), REGRESSION),
+    ("baseline deployed missing", cell("pass", None, None, patches=()), NOT_RUN),
+    ("baseline documented failure under the patches", cell("pass", None, "error", patches=()), EXPECTED_FAILURE),
+    ("upstream bug", cell("mismatch", None, "mismatch", patches=(), vanilla={"upstream": "pytorch/pytorch#1"},
+                          deployed={"upstream": "pytorch/pytorch#1"}), UPSTREAM_BUG),
 ]
 
 
-@pytest.mark.parametrize(("name", "vanilla", "patched", "patches", "install", "verdict"), CASES, ids=[c[0] for c in CASES])
-def test_verdict_table(name, vanilla, patched, patches, install, verdict) -> None:
-    v = rec(*vanilla[:1], expected=vanilla[1], patches=patches) if vanilla else None
-    p = rec(*patched[:1], variant="patched", expected=patched[1], patches=patches, install=install) if patched else None
-    cell = judge(v, p, patches=patches)
-    assert cell.verdict == verdict, f"{name}: rule {cell.rule.number} ({cell.vanilla}/{cell.patched})"
-    assert cell.kind == ("patched" if patches else "baseline")
-    if v is not None or p is not None:  # without ``patches`` the kind comes from the records
-        assert judge(v, p) == cell
+@pytest.mark.parametrize(("name", "records", "verdict"), CASES, ids=[c[0] for c in CASES])
+def test_verdicts(name, records, verdict):
+    got = judge(records)
+    assert got.verdict == verdict, f"{name}: rule {got.rule.number} {got.classes}"
 
 
-def test_every_rule_is_reachable_and_table_is_total() -> None:
-    classes = ("pass", "fail", "xfail", "skip", "missing")
-    used = {
-        match_rule(kind=kind, vanilla=v, patched=p).number
-        for kind in ("patched", "baseline")
-        for v in classes
-        for p in (*classes, "broken")
-    }
+def test_a_bug_that_cannot_show_on_the_device_is_judged_like_a_baseline():
+    hidden = {"vanilla": {"bug_observable": False}, "patched": {"bug_observable": False},
+              "deployed": {"bug_observable": False}}
+    got = judge(cell("pass", "pass", "pass", **hidden))
+    assert (got.kind, got.verdict) == ("baseline", OK)
+    contrib = patch_contributions(got, cell("pass", "pass", "pass", **hidden))
+    assert contrib == {A: (PS_NOT_APPLICABLE, "its bug cannot show on this device")}
+
+
+def test_every_rule_is_reachable_and_the_table_is_total():
+    classes = ("pass", "fail", "xfail", "upstream", "skip", "missing", "broken", "not-provided")
+    used = {match_rule(kind, dict(zip(VARIANTS, combo))).number
+            for kind in ("patched", "baseline") for combo in itertools.product(classes, repeat=4)}
     assert used == {r.number for r in VERDICT_RULES}
     assert {r.verdict for r in VERDICT_RULES} == set(VERDICTS)
-    assert [r.number for r in VERDICT_RULES] == list(range(1, len(VERDICT_RULES) + 1))
 
 
-@pytest.mark.parametrize(
-    ("record", "variant", "expected"),
-    [
-        (None, "vanilla", "missing"),
-        (rec("pass"), "vanilla", "pass"),
-        (rec("pass", expected="error"), "vanilla", "pass"),
-        (rec("error"), "vanilla", "xfail"),
-        (rec("error", expected="pass"), "vanilla", "fail"),
-        (rec("hang", expected="error"), "vanilla", "fail"),
-        (rec("skip"), "patched", "skip"),
-        (rec("pass", variant="patched", install={"x": "error"}), "patched", "broken"),
-        (rec("pass", variant="patched", install={"x": "not-applicable"}), "patched", "pass"),
-    ],
-)
-def test_outcome(record, variant, expected) -> None:
+@pytest.mark.parametrize(("record", "variant", "expected"), [
+    (None, "vanilla", "missing"),
+    (rec("pass"), "vanilla", "pass"),
+    (rec("error"), "vanilla", "xfail"),
+    (rec("mismatch", upstream="pytorch/pytorch#1"), "vanilla", "upstream"),
+    (rec("error", expected="pass"), "vanilla", "fail"),
+    (rec("skip"), "patched", "skip"),
+    (rec("pass", "patched", install={A: "error"}), "patched", "broken"),
+    (rec("pass", "patched", install={A: "not-provided"}), "patched", "not-provided"),
+    (rec("pass", "deployed", install={"other": "not-provided"}), "deployed", "pass"),
+    (rec("pass", "patched", install={A: "not-applicable"}), "patched", "pass"),
+])
+def test_outcome(record, variant, expected):
     assert outcome(record, variant=variant) == expected
 
 
-@pytest.mark.parametrize(
-    ("vanilla", "patched", "notes"),
-    [
-        (rec("pass"), rec("pass", variant="patched"), ()),
-        (rec("pass", expected="error"), rec("pass", variant="patched"),
-         ("vanilla unexpectedly passes (expected error)",)),
-        (rec("error", expected="pass"), None, ("vanilla regression: error, expected pass",)),
-        (rec("error"), rec("mismatch", variant="patched", expected="pass"),
-         ("patched regression: mismatch, expected pass",)),
-        (rec("hang", expected="error"), None, ("vanilla hang, expected error",)),
-        (rec("hang", expected="error|mismatch"), None, ("vanilla hang, expected error|mismatch",)),
-        (rec("error", expected="pass|mismatch"), None, ("vanilla error, expected pass|mismatch",)),
-        (rec("pass", expected="error|mismatch"), None, ("vanilla unexpectedly passes (expected error|mismatch)",)),
-        (rec("mismatch", expected="error|mismatch", expected_match="grad", as_expected=False), None,
-         ("vanilla mismatch does not contain 'grad'",)),
-        (rec("error", expected_match="no attribute", as_expected=False), None,
-         ("vanilla error does not contain 'no attribute'",)),
-        (None, rec("pass", variant="patched", install={"b": "error", "a": "installed"}),
-         ("patch b install error: error reason",)),
-    ],
-)
-def test_unexpected_notes(vanilla, patched, notes) -> None:
-    assert unexpected_notes(vanilla, patched) == notes
-    assert judge(vanilla, patched).flagged == bool(notes)
+def _contrib(records):
+    return {k: s for k, (s, _) in patch_contributions(judge(records), records).items()}
 
 
-@pytest.mark.parametrize(
-    ("vanilla", "patched", "patches", "contrib"),
-    [
-        (rec("error"), rec("pass", variant="patched"), PATCHES, {"unused_param_reduction": PS_NEEDED}),
-        (rec("pass"), rec("pass", variant="patched"), PATCHES, {"unused_param_reduction": PS_RETIRE}),
-        (rec("pass"), rec("pass", variant="patched", install={"unused_param_reduction": "not-applicable"}),
-         PATCHES, {"unused_param_reduction": PS_RETIRE}),
-        # not-applicable install but the patched run breaks: broken wins over retire
-        (rec("pass"), rec("error", variant="patched", expected="pass",
-                          install={"unused_param_reduction": "not-applicable"}),
-         PATCHES, {"unused_param_reduction": PS_BROKEN}),
-        (rec("error"), rec("error", variant="patched"), PATCHES, {"unused_param_reduction": PS_NOT_APPLICABLE}),
-        (rec("skip"), rec("skip", variant="patched"), PATCHES, {"unused_param_reduction": PS_NOT_APPLICABLE}),
-        (rec("error"), None, PATCHES, {"unused_param_reduction": PS_NOT_RUN}),
-        # install error of one patch: it is broken, the other listed patch learns nothing
-        (rec("error"), rec("pass", variant="patched", patches=["a", "b"], install={"a": "error"}),
-         ["a", "b"], {"a": PS_BROKEN, "b": PS_NOT_RUN}),
-        # install error of a patch the baseline scenario does not list still counts against it
-        (rec("pass"), rec("pass", variant="patched", patches=[], install={"z": "error"}), [], {"z": PS_BROKEN}),
-        (rec("pass", patches=[]), rec("pass", variant="patched", patches=[]), [], {}),
-    ],
-)
-def test_patch_contributions(vanilla, patched, patches, contrib) -> None:
-    assert patch_contributions(patches, judge(vanilla, patched, patches=patches), patched) == contrib
+@pytest.mark.parametrize(("records", "expected"), [
+    (cell("error", "pass", "pass"), {A: PS_NEEDED}),
+    (cell("crash", "pass", "pass", ("pass", "pass"), api={"api_replaces": [A]}), {A: PS_API}),
+    (cell("crash", "pass", "pass", "pass", api={"api_replaces": ["other"]}), {A: PS_NEEDED}),
+    (cell("skip", "pass", "pass"), {A: PS_BACKPORT}),
+    (cell("pass", "pass", "pass"), {A: PS_RETIRE}),
+    # the failure is B's to fix (Expect.fixed_by): A and E learn nothing from this cell
+    (cell("error", "pass", "pass", patches=(A, B, E), vanilla={"fixed_by": B}), {B: PS_NEEDED}),
+    # B found its target gone: retire it, even though the cell needed E
+    (cell("mismatch", "pass", "pass", patches=(A, B, E), vanilla={"fixed_by": E},
+          patched={"install": {A: "installed", B: "not-applicable", E: "installed"}}), {B: PS_RETIRE, E: PS_NEEDED}),
+    (cell("error", ("mismatch", "pass"), "pass"), {A: PS_BROKEN}),
+    (cell("error", "pass", "pass", patches=(A, B), patched={"install": {A: "error"}}), {A: PS_BROKEN}),
+    (cell("error", "error", "error", patches=(A, B), patched={"install": {B: "not-provided"}}), {B: PS_NOT_PROVIDED}),
+    (cell("error", "hang", "hang"), {A: PS_NOT_APPLICABLE}),
+    (cell("error", None, "pass"), {}),
+    # deployed install errors count against that patch wherever they happen
+    (cell("pass", None, "pass", patches=(), deployed={"install": {"z": "error"}}), {"z": PS_BROKEN}),
+])
+def test_patch_contributions(records, expected):
+    assert _contrib(records) == expected
 
 
-@pytest.mark.parametrize(
-    ("statuses", "combined"),
-    [
-        ([], PS_NOT_RUN),
-        ([PS_NOT_RUN], PS_NOT_RUN),
-        ([PS_NOT_RUN, PS_NOT_APPLICABLE], PS_NOT_APPLICABLE),
-        ([PS_RETIRE, PS_NOT_APPLICABLE, PS_NOT_RUN], PS_RETIRE),
-        ([PS_RETIRE, PS_NEEDED], PS_NEEDED),
-        ([PS_NEEDED, PS_BROKEN, PS_RETIRE], PS_BROKEN),
-    ],
-)
-def test_combine_patch_statuses(statuses, combined) -> None:
+def test_turning_an_error_into_a_hang_is_a_caveat():
+    assert caveats(cell("error", "hang", "crash")) == (
+        "patched turns vanilla's error into a hang", "deployed turns vanilla's error into a crash")
+    assert caveats(cell("error", "pass", "pass")) == ()
+    assert judge(cell("error", "hang", "hang")).caveats
+
+
+@pytest.mark.parametrize(("records", "notes"), [
+    (cell("pass", "pass", "pass"), ()),
+    (cell(("pass", "error"), "pass"), ("vanilla unexpectedly passes (expected error)",)),
+    (cell(("error", "pass")), ("vanilla regression: error, expected pass",)),
+    (cell(("hang", "error|mismatch")), ("vanilla hang, expected error|mismatch",)),
+    (cell(None, "pass", "pass", deployed={"install": {"b": "error"}}),
+     ("deployed: patch b install error: error reason",)),
+])
+def test_unexpected_notes(records, notes):
+    assert unexpected_notes(records) == notes
+    assert judge(records).flagged == bool(notes)
+
+
+def test_a_mismatch_without_the_documented_text_is_named():
+    r = rec("mismatch", expected="error|mismatch", expected_match="grad", as_expected=False)
+    assert unexpected_notes({"vanilla": r}) == ("vanilla mismatch does not contain 'grad'",)
+
+
+@pytest.mark.parametrize(("statuses", "combined"), [
+    ([], PS_NOT_RUN),
+    ([PS_NOT_RUN, PS_NOT_APPLICABLE], PS_NOT_APPLICABLE),
+    ([PS_RETIRE, PS_BACKPORT], PS_BACKPORT),
+    ([PS_RETIRE, PS_API], PS_API),
+    ([PS_API, PS_NEEDED], PS_NEEDED),
+    ([PS_NEEDED, PS_NOT_PROVIDED], PS_NOT_PROVIDED),
+    ([PS_NEEDED, PS_BROKEN, PS_RETIRE], PS_BROKEN),
+])
+def test_combine_patch_statuses(statuses, combined):
     assert combine_patch_statuses(statuses) == combined
-
-
-def test_a_bug_that_cannot_show_on_the_device_is_ok_not_fixed_upstream():
-    seen = rec("pass", patches=["scale_grads"])
-    assert judge(seen, rec("pass", variant="patched", patches=["scale_grads"])).verdict == FIXED_UPSTREAM
-    hidden = rec("pass", patches=["scale_grads"], bug_observable=False)
-    assert judge(hidden, rec("pass", variant="patched", patches=["scale_grads"], bug_observable=False)).verdict == OK
