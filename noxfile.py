@@ -5,6 +5,8 @@
     nox -s tests                       # the test suite (torch 2.13.0, CPU)
     nox -s report                      # reports/compat.{md,html,csv} from runs/matrix
     nox -s bench                       # launch amortization benchmark
+    nox -s mutants                     # mutants of fsdp_patches: does some scenario catch each one?
+    nox -s chaos                       # fault-injection soak of the launcher
     nox -s lint
     nox --json -l                      # session list for CI job matrices
 """
@@ -32,14 +34,32 @@ RUNS = ROOT / "runs" / "matrix"
 @nox.session(venv_backend="uv", reuse_venv=True)
 @nox.parametrize(("torch", "device"), MATRIX.cells())
 def matrix(session: nox.Session, torch: str, device: str) -> None:
-    """One matrix cell: every scenario, vanilla and patched, on one torch version and device."""
+    """One matrix cell: every scenario and variant on one torch version and device.
+
+    ``nox -s matrix -- --runner pytest [-n N]`` runs the cells as pytest items instead
+    (the plugin in harness/pytest_plugin.py), with JUnit XML beside the records.
+    """
+    runner, rest = _runner(session.posargs)
     dev = MATRIX.device(device)
     if device == "cuda" and not _gpu_visible():
         session.skip("no GPU visible on this machine (nvidia-smi finds none)")
     session.install(*torch_install_args(torch, device, Path(session.virtualenv.location) / ".fsdp-compat"))
     out = RUNS / device / f"torch-{torch}.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.unlink(missing_ok=True)  # a rerun replaces this cell's records
+    for old in out.parent.glob(f"torch-{torch}*.jsonl"):
+        old.unlink()  # a rerun replaces this cell's records
+    env = {"PYTHONPATH": str(ROOT)}
+    if runner == "pytest":
+        session.install("pytest", "pytest-xdist")
+        args = ["-p", "harness.pytest_plugin", "--fsdp-compat", "--fsdp-compat-device", device,
+                "--fsdp-compat-out", str(out), "--fsdp-compat-patches", MATRIX.patches,
+                "--fsdp-compat-timeout", str(dev.timeout_s), f"--junitxml={out.with_suffix('.xml')}",
+                "-p", "no:cacheprovider", "-o", "testpaths=", "-q"]
+        args += [f"--fsdp-compat-world-size={ws}" for ws in dev.world_sizes]
+        args += [f"--fsdp-compat-patch-map={n}={fn}" for n, fn in MATRIX.patch_map.items()]
+        args += [f"--fsdp-compat-scenario={name}" for name in MATRIX.scenarios or []]
+        session.run("python", "-m", "pytest", *args, *rest, env=env)
+        return
     # --expect-torch: the run stops at once unless the venv really holds the cell's torch
     args = ["--device", device, "--out", str(out), "--patches", MATRIX.patches, "--timeout", str(dev.timeout_s),
             "--expect-torch", torch]
@@ -49,7 +69,19 @@ def matrix(session: nox.Session, torch: str, device: str) -> None:
         args += ["--scenario", name]
     for name, fn in MATRIX.patch_map.items():
         args += ["--patch-map", f"{name}={fn}"]
-    session.run("python", "-m", "harness", "run", *args, *session.posargs, env={"PYTHONPATH": str(ROOT)})
+    session.run("python", "-m", "harness", "run", *args, *rest, env=env)
+
+
+def _runner(posargs: list[str]) -> tuple[str, list[str]]:
+    """``--runner harness|pytest`` from the session's arguments, and the rest."""
+    args, runner = list(posargs), "harness"
+    if "--runner" in args:
+        i = args.index("--runner")
+        runner = args[i + 1] if i + 1 < len(args) else ""
+        del args[i:i + 2]
+    if runner not in ("harness", "pytest"):
+        raise SystemExit(f"--runner must be harness or pytest, got {runner!r}")
+    return runner, args
 
 
 def _gpu_visible() -> bool:
@@ -131,6 +163,26 @@ def bench(session: nox.Session) -> None:
     """One torchrun per cell vs many cells per torchrun, side by side; and the CPU suite wall."""
     _install_project(session)
     session.run("python", "bench/launch_bench.py", *session.posargs)
+
+
+@nox.session
+def chaos(session: nox.Session) -> None:
+    """Fault-injection soak of the launcher: nox -s chaos [-- --faults 100 --seed 0]."""
+    _install_project(session)
+    session.run("python", "tests/chaos.py", *session.posargs, env={"PYTHONPATH": str(ROOT)})
+
+
+#: mutants of the pre-2.13 code paths run on this torch (its matrix venv)
+MUTANT_OLD_TORCH = "2.12.1"
+
+
+@nox.session
+def mutants(session: nox.Session) -> None:
+    """Small realistic mistakes in copies of fsdp_patches, each run on its scenarios: table and kill ratio."""
+    _install_project(session)
+    old = _torch_env(session, MUTANT_OLD_TORCH, "cpu")
+    session.run("python", "tests/mutation.py", "--python-for", f"{MUTANT_OLD_TORCH}={old}", *session.posargs,
+                env={"PYTHONPATH": str(ROOT)})
 
 
 @nox.session

@@ -31,9 +31,9 @@ def _run(cells, folder: Path, name: str, *, one_per_launch: bool) -> tuple[float
     if one_per_launch:
         records = []
         for cell in cells:
-            records += run_cells([cell], opts)
+            records += run_cells([cell], opts).records
     else:
-        records = run_cells(cells, opts)
+        records = run_cells(cells, opts).records
     return time.perf_counter() - t0, records
 
 

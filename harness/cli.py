@@ -9,14 +9,17 @@ not the expected one, 0 otherwise.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
+import math
 import shlex
+import signal
 import sys
-import time
 from pathlib import Path
 
+from harness import console
 from harness.names import VARIANTS
-from harness.record import Record, RecordError
+from harness.record import RecordError
 
 __all__ = ["main"]
 
@@ -36,25 +39,53 @@ def main(argv: list[str] | None = None) -> int:
 # --------------------------------------------------------------------------- options
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage mistakes are one line on stderr and exit 2, like every other bad input."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(EXIT_USAGE, f"error: {self.prog.split()[-1]}: {message}\n")
+
+
+def seconds(text: str) -> float:
+    """A timeout: a finite number of seconds > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text!r}")
+    return value
+
+
+def positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
 def _scenario_options() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(add_help=False)
+    p = _Parser(add_help=False)
     p.add_argument("--scenarios-dir", action="append", default=[], help="extra folder of scenario files")
     return p
 
 
 def _cell_options() -> argparse.ArgumentParser:
     """What ``run`` and ``repro`` share: the patches module under test and the cell timeout."""
-    p = argparse.ArgumentParser(add_help=False)
+    p = _Parser(add_help=False)
     p.add_argument("--patches", default="fsdp_patches", help="patches module under test: dotted name or .py path")
     p.add_argument("--patch-map", action="append", default=[], metavar="NAME=FUNC",
                    help="map a patch name to a function of the module")
-    p.add_argument("--timeout", type=float, default=None,
+    p.add_argument("--timeout", type=seconds, default=None,
                    help="per-cell timeout in seconds for scenarios that set none (default 30)")
     return p
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m harness", description="FSDP2 patch compatibility harness")
+    p = _Parser(prog="python -m harness", description="FSDP2 patch compatibility harness")
     sub = p.add_subparsers(dest="command", required=True)
     scen, cell = _scenario_options(), _cell_options()
 
@@ -62,7 +93,7 @@ def _parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", parents=[scen, cell], help="run scenario cells under torchrun and judge them")
     run.add_argument("--scenario", action="append", default=[], help="scenario name (repeatable; default: all)")
-    run.add_argument("--world-size", action="append", type=int, default=[], help="world size (repeatable)")
+    run.add_argument("--world-size", action="append", type=positive, default=[], help="world size (repeatable)")
     run.add_argument("--device", action="append", default=[], help="cpu or cuda (repeatable; default cpu)")
     run.add_argument("--variant", action="append", default=[], choices=VARIANTS,
                      help="vanilla, patched (the scenario's patches), deployed (every patch of the module) or api "
@@ -70,6 +101,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--out", default=None, help="records file (JSON lines, appended); default runs/<run id>.jsonl")
     run.add_argument("--isolate", choices=["snapshot", "process"], default="snapshot",
                      help="patch sets share a launch and are undone in turn (snapshot), or get launches of their own")
+    run.add_argument("--launch-per", choices=["device", "world-size"], default="device",
+                     help="one launch per device, smaller world sizes on slots of its ranks (default), "
+                          "or one launch per device and world size")
     run.add_argument("--dump", default=None, help="save each judged cell's observed tensors in this folder")
     run.add_argument("--expect-torch", default=None, metavar="X.Y.Z",
                      help="stop (exit 2) unless the installed torch is this release")
@@ -83,7 +117,7 @@ def _parser() -> argparse.ArgumentParser:
 
     rp = sub.add_parser("repro", parents=[scen, cell], help="reproduce one cell here; --export writes a standalone script")
     rp.add_argument("scenario")
-    rp.add_argument("--world-size", type=int, default=None, help="default: 2 where supported, else the smallest")
+    rp.add_argument("--world-size", type=positive, default=None, help="default: 2 where supported, else the smallest")
     rp.add_argument("--variant", choices=VARIANTS, default="vanilla")
     rp.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     rp.add_argument("--export", default=None, metavar="PATH", help="also write a standalone script that needs only torch")
@@ -94,6 +128,12 @@ def _parser() -> argparse.ArgumentParser:
     rep.add_argument("--records", nargs="+", action="extend", metavar="PATH", help=".jsonl files or folders (default: runs)")
     rep.add_argument("--out", default="reports", metavar="DIR", help="output folder (default: reports)")
     rep.set_defaults(func=_cmd_report)
+
+    df = sub.add_parser("diff", help="what changed between two runs (records or compat.csv); exit 1 if anything got worse")
+    df.add_argument("old", help="records (.jsonl file or folder) or a report's compat.csv")
+    df.add_argument("new", help="records (.jsonl file or folder) or a report's compat.csv")
+    df.add_argument("--out", default=None, metavar="FILE", help="also write the Markdown here")
+    df.set_defaults(func=_cmd_diff)
     return p
 
 
@@ -134,14 +174,27 @@ def _cmd_run(args: argparse.Namespace) -> int:
         scenarios=args.scenario, world_sizes=args.world_size, devices=args.device or ["cpu"],
         variants=args.variant or list(VARIANTS), patches=args.patches,
         patch_mapping=parse_mapping(args.patch_map), timeout_s=args.timeout, scenario_dirs=args.scenarios_dir,
-        isolate=args.isolate, dump=Path(args.dump) if args.dump else None, expect_torch=args.expect_torch,
+        isolate=args.isolate, per=args.launch_per, dump=Path(args.dump) if args.dump else None,
+        expect_torch=args.expect_torch,
         run_id=run_id, out=Path(args.out) if args.out else Path("runs") / f"{run_id}.jsonl",
         nnodes=args.nnodes, node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint,
     )
-    progress = None if args.quiet else _Progress()
-    records = run(req, on_start=None if args.quiet else _say_start, on_record=progress)
-    _print_summary(records)
-    return EXIT_UNEXPECTED if any(not r.as_expected for r in records) else 0
+    progress = None if args.quiet else console.Progress()
+    try:
+        with _interruptible():  # while cells run, the launcher handles the signals itself
+            result = run(req, on_start=None if args.quiet else console.say_start, on_record=progress,
+                         on_load_error=lambda e: print(f"error: {e} (the scenario is recorded as an error and "
+                                                       f"skipped)", file=sys.stderr, flush=True))
+    except _Interrupted as stop:
+        print(f"interrupted by {signal.Signals(stop.signum).name} before any cell ran", flush=True)
+        return 128 + stop.signum
+    console.print_summary(result.records)
+    if result.signal is not None:
+        name = signal.Signals(result.signal).name
+        print(f"\ninterrupted by {name}: {len(result.records)} cells recorded, {len(result.not_run)} not run; "
+              f"every process of the run has ended", flush=True)
+        return 128 + result.signal
+    return EXIT_UNEXPECTED if any(not r.as_expected for r in result.records) else 0
 
 
 def _cmd_repro(args: argparse.Namespace) -> int:
@@ -158,7 +211,30 @@ def _cmd_repro(args: argparse.Namespace) -> int:
     return 0 if rec.as_expected else EXIT_UNEXPECTED
 
 
+def _cmd_diff(args: argparse.Namespace) -> int:
+    _needs_report_deps()
+    from harness.diff import diff_runs, load_side
+
+    result = diff_runs(load_side(args.old), load_side(args.new))
+    text = result.markdown()
+    print(text, end="")
+    if args.out:
+        Path(args.out).write_text(text)
+    return EXIT_UNEXPECTED if result.got_worse else 0
+
+
+def _needs_report_deps() -> None:
+    """One line naming what is missing, instead of a traceback (e.g. in a torch-only venv)."""
+    import importlib.util
+
+    missing = [m for m in ("pandas", "tabulate", "jinja2") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ValueError(f"this needs {', '.join(missing)}, missing in {sys.executable}: "
+                         f"pip install {' '.join(missing)} (or run it through nox -s report)")
+
+
 def _cmd_report(args: argparse.Namespace) -> int:
+    _needs_report_deps()
     from harness.report import write_outputs
     from harness.tables import build_tables
 
@@ -174,6 +250,26 @@ def _cmd_report(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- output
 
 
+class _Interrupted(Exception):
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _interruptible():
+    """SIGINT/SIGTERM before the launcher takes over: stop at once, with one line."""
+    def stop(signum, frame):
+        raise _Interrupted(signum)
+
+    old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+
+
 def _rerun_command(args: argparse.Namespace, world: int) -> str:
     parts = [sys.executable, "-m", "harness", "repro", args.scenario, "--world-size", str(world),
              "--variant", args.variant, "--device", args.device]
@@ -184,36 +280,3 @@ def _rerun_command(args: argparse.Namespace, world: int) -> str:
     for d in args.scenarios_dir:
         parts += ["--scenarios-dir", d]
     return " ".join(shlex.quote(p) for p in parts)
-
-
-def _say_start(n_cells: int, out: Path) -> None:
-    print(f"{n_cells} cells -> {out}", flush=True)
-
-
-class _Progress:
-    def __init__(self) -> None:
-        self.total, self.n, self.t0 = 0, 0, time.time()
-
-    def __call__(self, rec: Record, total: int) -> None:
-        self.n += 1
-        flag = "" if rec.as_expected else f"  << UNEXPECTED (expected {'|'.join(rec.expected)})"
-        detail = rec.exc_msg or rec.worst or rec.reason or ""
-        label = f"{rec.scenario}[{rec.variant},{rec.device},w{rec.world_size}]"
-        print(f"[{self.n}/{total}, {total - self.n} left, {time.time() - self.t0:5.1f}s] {label:<52} {rec.status:<8} "
-              f"{rec.duration_s or 0:5.2f}s  {detail[:90]}{flag}", flush=True)
-
-
-def _print_summary(records: list[Record]) -> None:
-    if not records:
-        return
-    header = f"{'scenario':<30} {'variant':<8} {'device':<6} {'ws':>2}  {'status':<8} {'expected':<16} ok  detail"
-    print(f"\n{header}\n{'-' * len(header)}")
-    for r in sorted(records, key=lambda r: (r.scenario, r.variant != "vanilla", r.device, r.world_size)):
-        detail = r.exc_msg or (f"max|diff| {r.max_abs_diff:.2e} at {r.worst}" if r.max_abs_diff is not None else "")
-        print(f"{r.scenario:<30} {r.variant:<8} {r.device:<6} {r.world_size:>2}  {r.status:<8} "
-              f"{'|'.join(r.expected):<16} {'yes' if r.as_expected else 'NO':<3} {(detail or r.reason or '')[:100]}")
-    counts: dict[str, int] = {}
-    for r in records:
-        counts[r.status] = counts.get(r.status, 0) + 1
-    summary = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
-    print(f"\n{len(records)} cells: {summary}; {sum(not r.as_expected for r in records)} not as expected")

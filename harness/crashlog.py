@@ -6,7 +6,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-__all__ = ["crash_cause", "tail"]
+__all__ = ["crash_cause", "fatal_signal", "tail"]
+
+#: the first line Python's faulthandler writes for each fatal signal
+_FATAL = {"Aborted": (6, "SIGABRT"), "Segmentation fault": (11, "SIGSEGV"), "Bus error": (7, "SIGBUS"),
+          "Floating-point exception": (8, "SIGFPE"), "Floating point exception": (8, "SIGFPE"),
+          "Illegal instruction": (4, "SIGILL")}
 
 _SIGNAL = re.compile(r"Signal (\d+) \((\w+)\) received by PID")
 _EXITCODE = re.compile(r"exitcode\s*:\s*(-?\d+)")
@@ -41,3 +46,19 @@ def tail(path: Path, n: int) -> str:
     if not path.exists():
         return ""
     return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+
+
+def fatal_signal(crash_file: Path, log_path: Path, rank: int) -> tuple[str, str] | None:
+    """(exception type, first line) when ``crash_file`` holds the faulthandler report of a
+    rank killed by a fatal signal, else None. The C++ ``what()`` line comes from the log."""
+    try:
+        report = crash_file.read_text(errors="replace")
+    except OSError:
+        return None
+    fatal = next((v for k, v in _FATAL.items() if f"Fatal Python error: {k}" in report), None)
+    if fatal is None:
+        return None
+    text = log_path.read_text(errors="replace") if log_path.exists() else ""
+    what = _WHAT.search(text)
+    detail = f": {what.group(1).strip()[:400]}" if what else ""
+    return "Signal", f"rank {rank} died: signal {fatal[0]} ({fatal[1]}){detail}"

@@ -11,7 +11,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["LOCAL_WHEELS", "cpu_overrides", "torch_install_args"]
+__all__ = ["HARNESS_DEPS", "LOCAL_WHEELS", "cpu_overrides", "torch_install_args"]
+
+#: what the harness needs beside torch in every environment it makes: running cells
+#: (psutil reaps process trees) and building reports and diffs from that venv
+HARNESS_DEPS = ("packaging", "numpy", "psutil", "pandas", "tabulate", "jinja2", "pyyaml")
 
 #: local wheel folders searched when they exist (FSDP_COMPAT_WHEELS adds more, ':'-separated)
 LOCAL_WHEELS = ["/opt/wheels"]
@@ -57,7 +61,7 @@ def torch_install_args(version: str, device: str, folder: Path) -> list[str]:
     shared CUDA libraries and no Triton (``cpu_overrides``); CUDA cells take the release
     exactly as published.
     """
-    args = [f"torch=={version}", "packaging", "numpy"]
+    args = [f"torch=={version}", *HARNESS_DEPS]
     if device != "cpu":
         return args
     for wheels in _wheel_folders():

@@ -9,16 +9,17 @@ differs across ranks is reported instead of desynchronizing the gather.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from harness import recipe
+from harness.gather import gather_full, plain_placements
 from harness.norm_group import rehome
 from harness.plan import Cell
 from harness.snapshot import StepSnapshot
@@ -27,12 +28,17 @@ from harness.spec import Clip, Ctx, MicroBatch, Scenario
 __all__ = ["FsdpSide", "build_model", "train"]
 
 
-def train(scenario: Scenario, cell: Cell, utilities: dict[str, Any], rank: int, world: int) -> list[StepSnapshot]:
-    """Build, shard and train ``scenario`` on this rank; snapshots of every step."""
+def train(scenario: Scenario, cell: Cell, utilities: dict[str, Any], rank: int, world: int,
+          stamp: Callable[[str], object] = lambda phase: None) -> list[StepSnapshot]:
+    """Build, shard and train ``scenario`` on this rank; snapshots of every step.
+
+    ``stamp(phase)`` is told where the rank is ("build model", "step 0 micro-batch 1
+    backward", ...), so a hang can be blamed on the rank that did not arrive."""
     device = torch.device(cell.device, torch.cuda.current_device()) if cell.device == "cuda" else torch.device("cpu")
+    stamp("build model")
     mesh = _mesh(cell)
     model = build_model(scenario, mesh, cell.device)
-    side = FsdpSide(scenario, cell, model, mesh, device, utilities, rank=rank, world=world)
+    side = FsdpSide(scenario, cell, model, mesh, device, utilities, rank=rank, world=world, stamp=stamp)
     return recipe.train(scenario, side, side.named)
 
 
@@ -63,19 +69,26 @@ class FsdpSide:
     """The recipe's ``Side`` under FSDP2: this rank's forward, gathered full tensors."""
 
     def __init__(self, scenario: Scenario, cell: Cell, model: nn.Module, mesh: DeviceMesh, device: torch.device,
-                 utilities: dict[str, Any], *, rank: int, world: int) -> None:
+                 utilities: dict[str, Any], *, rank: int, world: int,
+                 stamp: Callable[[str], object] = lambda phase: None) -> None:
         self.scenario, self.cell, self.model, self.mesh, self.device = scenario, cell, model, mesh, device
-        self.utilities, self.rank, self.world = utilities, rank, world
+        self.utilities, self.rank, self.world, self.stamp = utilities, rank, world, stamp
         self.named = dict(model.named_parameters())
+        self.fast_gather = plain_placements(list(self.named.values()))
+        self.step = 0
 
     def micro_batch(self, step: int, k: int, micro_batch: MicroBatch) -> None:
+        self.step = step
         self.model.set_requires_gradient_sync(micro_batch.sync)
         if self.mesh.ndim == 2:
             self.model.set_requires_all_reduce(micro_batch.all_reduce)
         ctx = Ctx(rank=self.rank, world_size=self.world, step=step, micro_batch=k)
         torch.manual_seed(self.scenario.batch_seed(ctx))
         batch = self.scenario.batch(ctx).to(self.device)
-        self.scenario.forward(self.model, batch, ctx).backward()
+        self.stamp(f"step {step} micro-batch {k} forward")
+        loss = self.scenario.forward(self.model, batch, ctx)
+        self.stamp(f"step {step} micro-batch {k} backward")
+        loss.backward()
 
     def scale(self, factor: float) -> None:
         """A 0-dim scaler on the compute device, as training loops write it."""
@@ -90,20 +103,13 @@ class FsdpSide:
                 p.grad *= scaler
 
     def grads(self) -> tuple[dict[str, torch.Tensor | None], dict[str, list[int]]]:
-        """Full grads, after agreeing on grad presence (an object all-gather first)."""
-        mine = [n for n, p in self.named.items() if p.grad is not None]
-        have: list[Any] = [None] * self.world
-        dist.all_gather_object(have, mine)
-        grads: dict[str, torch.Tensor | None] = {}
-        inconsistent: dict[str, list[int]] = {}
-        for name, p in self.named.items():
-            ranks = [r for r in range(self.world) if name in have[r]]
-            grads[name] = _full(p.grad) if len(ranks) == self.world else None
-            if ranks and len(ranks) < self.world:
-                inconsistent[name] = ranks
-        return grads, inconsistent
+        """Full grads on rank 0, and the names whose grad presence differed across ranks."""
+        self.stamp(f"step {self.step} gather grads")
+        return gather_full({n: p.grad for n, p in self.named.items()}, rank=self.rank, world=self.world,
+                           fast=self.fast_gather)
 
     def clip(self, clip: Clip) -> float:
+        self.stamp(f"step {self.step} clip")
         params = [p for p in self.named.values() if p.grad is not None]
         backend = self.scenario.norm_group_backend.get(self.cell.device)
         restore = rehome(params, backend) if backend else None
@@ -118,17 +124,8 @@ class FsdpSide:
         return float(total)
 
     def params(self) -> dict[str, torch.Tensor]:
-        return {n: _full(p.detach()) for n, p in self.named.items()}
+        self.stamp(f"step {self.step} gather params")
+        full, _ = gather_full({n: p.detach() for n, p in self.named.items()}, rank=self.rank, world=self.world,
+                              fast=self.fast_gather)
+        return full  # type: ignore[return-value]
 
-
-def _full(t: torch.Tensor) -> torch.Tensor:
-    """A private CPU copy of the full tensor (collective for DTensors: every rank must call it)."""
-    if isinstance(t, DTensor):
-        local = t.to_local()
-        mesh_device = t.device_mesh.device_type
-        if local.device.type != mesh_device:  # CPU-offloaded shard: gather on the mesh device
-            local = local.to(mesh_device)
-        t = DTensor.from_local(local, t.device_mesh, t.placements, run_check=False, shape=t.shape, stride=t.stride())
-        t = t.full_tensor()
-    # clone: on a 1-rank shard dim the full tensor can alias the live grad or param
-    return t.detach().to("cpu", copy=True)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-__all__ = ["SCOPES", "TorchSnapshot", "forget_module"]
+__all__ = ["SCOPES", "TorchSnapshot", "forget_module", "preload"]
 
 SCOPES = ("torch.distributed", "torch.nn.utils", "torch.optim")
 _MISSING = object()
@@ -33,7 +33,7 @@ class TorchSnapshot:
 
     @classmethod
     def take(cls) -> TorchSnapshot:
-        _preload()
+        preload()
         snap = cls()
         seen: set[int] = set()
         for name, module in list(sys.modules.items()):
@@ -94,10 +94,16 @@ PRELOAD = (
 )
 
 
-def _preload() -> None:
+def preload() -> None:
+    """Import every module a patch may touch (and that FSDP2 imports lazily on first use:
+    dynamo), so snapshots see them and the first cell of a launch does not pay for it."""
     import importlib
     import pkgutil
 
+    global _PRELOADED
+    if _PRELOADED:
+        return
+    importlib.import_module("torch._dynamo")  # the package only: fully_shard imports it on first use
     for name in PRELOAD:
         try:
             package = importlib.import_module(name)
@@ -108,6 +114,10 @@ def _preload() -> None:
                 importlib.import_module(f"{name}.{info.name}")
             except Exception:  # optional pieces (e.g. needing an accelerator) may fail to import
                 continue
+    _PRELOADED = True
+
+
+_PRELOADED = False
 
 
 def _in_scope(name: str) -> bool:

@@ -1,36 +1,42 @@
-"""Launch cells under torchrun, many cells per launch, with a per-cell watchdog.
+"""Launch cells under torchrun, one launch per device, and account for every cell.
 
-One launch per group of compatible cells (``harness.plan.group_into_launches``). The
-worker's rank 0 marks each cell's start in a progress file and appends its record when
-done; this process watches both. A cell still running ``timeout_s + grace`` after its
-start is a hang: the whole launch (its process group) is killed, the cell recorded, and
-a new launch runs the cells after it. A launch that dies mid-cell (``os.abort()``, a
-segfault) gets the cell recorded as a crash, and the rest relaunched likewise.
+The workers record the cells they finish (``harness.worker``); this process follows a
+launch's progress file (cell starts, with their ranks) and the records file. A cell
+still open ``timeout_s + grace_s`` after its start (stuck where the worker's own
+watchdog cannot reach) gets the launch killed and is recorded as a hang, with where each
+of its ranks was; a launch that dies (a rank aborts) gets the cell on the dead rank
+recorded as a crash. Cells that were running beside them, or not yet started, run in a
+new launch.
 
-``torchrun --standalone`` picks a free rendezvous port per launch, so launches in
-parallel processes (pytest-xdist workers) never collide.
+Every process a launch starts is reaped on every path (``harness.procs``): a normal end,
+a timeout, a crash, an exception in the harness, SIGINT or SIGTERM. On a signal the run
+stops launching, reaps, and returns what finished; nothing writes to the records file
+after that.
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
 import os
 import signal
-import subprocess
 import sys
+import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness import record
-from harness.crashlog import crash_cause, tail
+from harness import procs, record
+from harness.crashlog import crash_cause, fatal_signal, tail
 from harness.gpus import gpu_slice, skip_reason, visible_gpus, worker_slot
-from harness.plan import Cell, LaunchPlan, group_into_launches
+from harness.plan import Cell, LaunchPlan
+from harness.schedule import group_into_launches, stages
+from harness.watch import Watch
+from harness.watchdog import read_phase
 
-__all__ = ["LaunchOptions", "run_cells"]
+__all__ = ["LaunchOptions", "RunResult", "run_cells"]
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -53,226 +59,201 @@ class LaunchOptions:
     nnodes: int = 1
     node_rank: int = 0
     rdzv_endpoint: str | None = None
+    #: "device": one launch per device, smaller world sizes on slots of its ranks;
+    #: "world-size": one launch per device and world size (the older plan)
+    per: str = "device"
     #: "snapshot": patch sets share a launch and are undone in turn; "process": a launch per set
     isolate: str = "snapshot"
+    #: how long past a cell's deadline the launcher waits for the worker's own watchdog
     grace_s: float = 5.0
     #: how long a launch may take to start its first cell (imports, rendezvous)
     startup_timeout_s: float = 180.0
     on_record: Callable[[record.Record], None] | None = None
 
 
-def run_cells(cells: list[Cell], opts: LaunchOptions) -> list[record.Record]:
-    """Run every cell; return their records in the order they were written."""
+@dataclass(kw_only=True)
+class RunResult:
+    records: list[record.Record] = field(default_factory=list)
+    #: cells that did not run because the run was interrupted
+    not_run: list[Cell] = field(default_factory=list)
+    #: the signal that interrupted the run (SIGINT, SIGTERM), if any
+    signal: int | None = None
+    launches: int = 0
+
+
+def run_cells(cells: list[Cell], opts: LaunchOptions) -> RunResult:
+    """Run every cell; every cell ends with a record, unless a signal stops the run."""
     opts.log_dir.mkdir(parents=True, exist_ok=True)
     opts.out_path.parent.mkdir(parents=True, exist_ok=True)
     opts.out_path.touch()
-    records: list[dict[str, Any]] = []
-    counter = 0
-    for group in group_into_launches(cells, isolate=opts.isolate):
-        first = group[0]
-        env: dict[str, str] = {}
-        if first.device == "cuda":
-            gpus = gpu_slice(visible_gpus(), *worker_slot(), first.world_size // opts.nnodes)
-            reason = skip_reason("cuda", first.world_size // opts.nnodes, gpus)
-            if reason is not None:
-                for cell in group:
-                    _accept(_outside_record(cell, opts, "skip", time.time(), None, reason=reason), records, opts)
-                continue
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
-        remaining = group
-        while remaining:
-            counter += 1
-            # every node must derive the same launch id (it prefixes the store keys)
-            suffix = "" if opts.nnodes > 1 else f"-{uuid.uuid4().hex[:6]}"
-            launch_id = f"{opts.run_id}-L{counter}{suffix}"
-            remaining = _launch(remaining, opts, launch_id, records, env)
-            if opts.nnodes > 1:
-                if opts.node_rank == 0:
-                    for cell in remaining:
+    result = RunResult()
+    with _stop_on_signals(result):
+        for group in group_into_launches(cells, per=opts.per, isolate=opts.isolate):
+            remaining = _skip_without_gpus(group, opts, result)
+            while remaining and result.signal is None:
+                remaining = _launch(remaining, opts, result)
+                if remaining and opts.nnodes > 1:
+                    if opts.node_rank == 0:
                         msg = "not run: the multi-node launch ended before this cell (no relaunch across nodes)"
-                        _accept(_outside_record(cell, opts, "error", time.time(), None, exc_msg=msg), records, opts)
-                remaining = []
-    return records
+                        for cell in remaining:
+                            _accept(_outside(cell, opts, "error", time.time(), None, exc_msg=msg), result, opts)
+                    remaining = []
+    done = {r.cell for r in result.records}
+    result.not_run = [c for c in cells if c.index not in done]
+    return result
 
 
-def _launch(
-    cells: list[Cell], opts: LaunchOptions, launch_id: str, records: list,
-    extra_env: dict[str, str],
-) -> list[Cell]:
+@contextlib.contextmanager
+def _stop_on_signals(result: RunResult) -> Iterator[None]:
+    """SIGINT/SIGTERM set ``result.signal``; the launch loop then reaps and stops."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame) -> None:
+        result.signal = signum
+
+    old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+
+
+def _skip_without_gpus(group: list[Cell], opts: LaunchOptions, result: RunResult) -> list[Cell]:
+    if group[0].device != "cuda":
+        return group
+    world = max(c.world_size for c in group) // opts.nnodes
+    gpus = gpu_slice(visible_gpus(), *worker_slot(), world)
+    keep = []
+    for cell in group:
+        reason = skip_reason("cuda", cell.world_size // opts.nnodes, gpus)
+        if reason is None:
+            keep.append(cell)
+        else:
+            _accept(_outside(cell, opts, "skip", time.time(), None, reason=reason), result, opts)
+    return keep
+
+
+def _launch(cells: list[Cell], opts: LaunchOptions, result: RunResult) -> list[Cell]:
     """One torchrun over ``cells``; returns the cells still to run."""
-    first = cells[0]
+    world = max(c.world_size for c in cells)
+    result.launches += 1
+    suffix = "" if opts.nnodes > 1 else f"-{uuid.uuid4().hex[:6]}"  # every node derives the same id
+    launch_id = f"{opts.run_id}-L{result.launches}{suffix}"
     plan = LaunchPlan(
-        run_id=opts.run_id,
-        launch_id=launch_id,
-        device=first.device,
-        world_size=first.world_size,
-        patches_module=opts.patches_module,
-        patches_module_id=opts.patches_module_id,
-        patch_mapping=opts.patch_mapping,
-        out_path=str(opts.out_path.resolve()),
-        progress_path=str((opts.log_dir / f"{launch_id}.progress").resolve()),
+        run_id=opts.run_id, launch_id=launch_id, device=cells[0].device, world_size=world,
+        patches_module=opts.patches_module, patches_module_id=opts.patches_module_id,
+        patch_mapping=opts.patch_mapping, out_path=str(opts.out_path.resolve()),
+        progress_path=str((opts.log_dir / f"{launch_id}.progress").resolve()), phase_dir=str(opts.log_dir.resolve()),
         scenario_dirs=[str(Path(d).resolve()) for d in opts.scenario_dirs],
-        dump_dir=str(opts.dump_dir.resolve()) if opts.dump_dir else None,
-        cells=cells,
+        dump_dir=str(opts.dump_dir.resolve()) if opts.dump_dir else None, cells=cells, stages=stages(cells, world),
     )
-    plan_path = opts.log_dir / f"{launch_id}.json"
+    plan_path, log_path = opts.log_dir / f"{launch_id}.json", opts.log_dir / f"{launch_id}.log"
     plan.dump(plan_path)
     Path(plan.progress_path).write_text("")
-    log_path = opts.log_dir / f"{launch_id}.log"
-    offset = opts.out_path.stat().st_size
-    proc = _start(plan, plan_path, log_path, opts, extra_env)
-    watch = _Watch(plan=plan, out_path=opts.out_path, offset=offset)
+    watch = Watch(progress_path=Path(plan.progress_path), out_path=opts.out_path, launch_id=launch_id)
+    proc = _start(plan, plan_path, log_path, opts, world)
     by_index = {c.index: c for c in cells}
-    launch_t0 = time.time()
     killed_for: Cell | None = None
-    if opts.node_rank != 0:
-        proc.wait()  # rank 0 (on node 0) judges and records; this node only hosts ranks
-        return []
-    while True:
-        exited = proc.poll() is not None
-        for rec in watch.new_records():
-            _accept(rec, records, opts)
-        current = watch.current()
-        now = time.time()
-        if exited:
-            break
-        if current is not None:
-            cell = by_index[current[0]]
-            if now - current[1] > cell.timeout_s + opts.grace_s:
-                killed_for = cell
-                _kill(proc)
-                break
-        elif not watch.started and now - launch_t0 > opts.startup_timeout_s:
-            _kill(proc)
-            break
-        time.sleep(0.05)
-    proc.wait()
+    crashed: tuple[int, str, str] | None = None
+    try:
+        if opts.node_rank != 0:
+            proc.wait()  # rank 0 (on node 0) judges and records; this node only hosts ranks
+            return []
+        killed_for, crashed = _follow(proc, plan, log_path, watch, by_index, opts, result)
+    finally:
+        procs.kill_tree(proc.pid)  # whatever happened, nothing of this launch outlives it
     for rec in watch.new_records():
-        _accept(rec, records, opts)
-    done = watch.recorded
-    started = watch.started
-    unfinished = [c for c in cells if c.index in started and c.index not in done]
+        _accept(rec, result, opts)
+    if result.signal is not None:
+        return [c for c in cells if c.index not in watch.recorded]
+    opened = {i: t for i, t in watch.starts.items() if i not in watch.recorded}
     if killed_for is not None:
-        t = watch.start_time(killed_for.index)
-        msg = f"no result {killed_for.timeout_s:g} s + {opts.grace_s:g} s after the cell started; launch killed"
-        _accept(_outside_record(killed_for, opts, "hang", t, log_path, exc_msg=msg), records, opts)
-        done.add(killed_for.index)
-    for cell in unfinished:
-        if cell.index in done:
-            continue
-        exc_type, msg, rank = crash_cause(log_path)
-        rec = _outside_record(cell, opts, "crash", watch.start_time(cell.index), log_path, exc_type=exc_type,
-                              exc_msg=msg, failing_rank=rank)
-        _accept(rec, records, opts)
-        done.add(cell.index)
-    if not started:
-        # The launch never reached a cell: record why once for all of them, do not loop.
+        phases = "; ".join(f"rank {r} in {p!r}" for r in watch.ranks.get(killed_for.index, [])
+                           if (p := read_phase(plan.phase_file(r))))
+        msg = (f"no result {killed_for.timeout_s:g} s + {opts.grace_s:g} s after the cell started; launch killed"
+               + (f" ({phases})" if phases else ""))
+        _accept(_outside(killed_for, opts, "hang", opened.pop(killed_for.index), log_path, exc_msg=msg), result, opts)
+    elif opened:
+        exc_type, msg, rank = crash_cause(log_path) if crashed is None else (crashed[1], crashed[2], crashed[0])
+        culprits = [i for i in opened if rank in watch.ranks.get(i, [])] or list(opened)
+        for i in culprits:
+            _accept(_outside(by_index[i], opts, "crash", opened[i], log_path, exc_type=exc_type, exc_msg=msg,
+                             failing_rank=rank), result, opts)
+    elif not watch.starts or not watch.recorded:
+        # The launch recorded nothing (it failed before or between cells): say why once for
+        # every cell, and do not loop.
         exc_type, msg, _ = crash_cause(log_path)
         for cell in cells:
-            rec = _outside_record(cell, opts, "error", time.time(), log_path, exc_type=exc_type,
-                                  exc_msg=f"launch failed before the cell: {msg}")
-            _accept(rec, records, opts)
-        return []
+            if cell.index not in watch.recorded:
+                _accept(_outside(cell, opts, "error", time.time(), log_path, exc_type=exc_type,
+                                 exc_msg=f"launch failed before the cell: {msg}"), result, opts)
+    done = {r.cell for r in result.records}
     return [c for c in cells if c.index not in done]
 
 
-def _start(
-    plan: LaunchPlan, plan_path: Path, log_path: Path, opts: LaunchOptions, extra_env: dict[str, str]
-) -> subprocess.Popen:
+def _follow(proc, plan: LaunchPlan, log_path: Path, watch: Watch, by_index: dict[int, Cell], opts: LaunchOptions,
+            result: RunResult) -> tuple[Cell | None, tuple[int, str, str] | None]:
+    """Follow the launch until it exits, is interrupted, a rank dies of a fatal signal, or a
+    cell overstays: (the cell it was killed for, (rank, exc type, message) of a dead rank)."""
+    t0 = last = time.time()
+    idle_s = max(c.timeout_s for c in by_index.values()) + 60  # no cell open, nothing new: a stuck launch
+    while proc.poll() is None:
+        for rec in watch.new_records():
+            _accept(rec, result, opts)
+            last = time.time()
+        if result.signal is not None:
+            return None, None
+        now = time.time()
+        open_cells = watch.open_cells()
+        for index, start in open_cells.items():
+            last = max(last, start)
+            if now - start > by_index[index].timeout_s + opts.grace_s:
+                return by_index[index], None
+        for rank in {r for i in open_cells for r in watch.ranks.get(i, [])}:
+            if plan.crash_file(rank).stat().st_size if plan.crash_file(rank).exists() else 0:
+                time.sleep(0.3)  # let the dying rank's C++ message reach the log
+                return None, (rank, *(fatal_signal(plan.crash_file(rank), log_path, rank)
+                                      or ("Signal", f"rank {rank} died of a fatal signal")))
+        if not watch.starts and now - t0 > opts.startup_timeout_s:
+            return None, None
+        if watch.starts and not open_cells and now - last > idle_s:
+            return None, None
+        time.sleep(0.05)
+    return None, None
+
+
+def _start(plan: LaunchPlan, plan_path: Path, log_path: Path, opts: LaunchOptions, world: int):
     if opts.nnodes > 1:
         assert opts.rdzv_endpoint, "multi-node runs need a rendezvous endpoint"
         rdzv = ["--nnodes", str(opts.nnodes), "--node-rank", str(opts.node_rank), "--rdzv-endpoint", opts.rdzv_endpoint]
     else:
         rdzv = ["--standalone"]
-    cmd = [
-        opts.python, "-m", "torch.distributed.run", *rdzv,
-        "--nproc-per-node", str(plan.world_size // opts.nnodes),
-        "-m", "harness.worker", "--plan", str(plan_path.resolve()),
-    ]  # fmt: skip
-    env = {**os.environ, **extra_env}
-    env["PYTHONUNBUFFERED"] = "1"
+    cmd = [opts.python, "-m", "torch.distributed.run", *rdzv, "--nproc-per-node", str(world // opts.nnodes),
+           "-m", "harness.worker", "--plan", str(plan_path.resolve())]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.setdefault("OMP_NUM_THREADS", "1")
     env["PYTHONPATH"] = os.pathsep.join([str(PROJECT_ROOT), *filter(None, [env.get("PYTHONPATH")])])
-    log = open(log_path, "w")
-    log.write("$ " + " ".join(cmd) + "\n")
-    log.flush()
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True, cwd=PROJECT_ROOT)
+    if plan.device == "cuda":
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_slice(visible_gpus(), *worker_slot(), world // opts.nnodes))
+    log_path.write_text("$ " + " ".join(cmd) + "\n")
+    return procs.start(cmd, env=env, cwd=PROJECT_ROOT, log=log_path)
 
 
-def _kill(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-
-
-class _Watch:
-    """Follows a launch's progress file and the new lines of the records file."""
-
-    def __init__(self, *, plan: LaunchPlan, out_path: Path, offset: int) -> None:
-        self.plan = plan
-        self.out_path = out_path
-        self.offset = offset
-        self.progress_offset = 0
-        self.starts: dict[int, float] = {}
-        self.recorded: set[int] = set()
-        self._buffer = ""
-
-    @property
-    def started(self) -> set[int]:
-        self._read_progress()
-        return set(self.starts)
-
-    def start_time(self, index: int) -> float:
-        return self.starts.get(index, time.time())
-
-    def current(self) -> tuple[int, float] | None:
-        self._read_progress()
-        open_cells = [(i, t) for i, t in self.starts.items() if i not in self.recorded]
-        return max(open_cells, key=lambda x: x[1], default=None)
-
-    def _read_progress(self) -> None:
-        with open(self.plan.progress_path, encoding="utf-8") as f:
-            f.seek(self.progress_offset)
-            chunk = f.read()
-        complete = chunk[: chunk.rfind("\n") + 1]
-        self.progress_offset += len(complete.encode())
-        for line in complete.splitlines():
-            event = json.loads(line)
-            if event["event"] == "start":
-                self.starts[event["cell"]] = event["t"]
-
-    def new_records(self) -> list[record.Record]:
-        with open(self.out_path, "rb") as f:
-            f.seek(self.offset)
-            chunk = f.read()
-        complete = chunk[: chunk.rfind(b"\n") + 1]
-        self.offset += len(complete)
-        out = []
-        for line in complete.decode("utf-8").splitlines():
-            try:
-                rec = record.Record.from_json(line)
-            except record.RecordError:
-                continue
-            if rec.launch_id == self.plan.launch_id:
-                self.recorded.add(rec.cell)
-                out.append(rec)
-        return out
-
-
-def _accept(rec: record.Record, records: list, opts: LaunchOptions) -> None:
-    records.append(rec)
+def _accept(rec: record.Record, result: RunResult, opts: LaunchOptions) -> None:
+    result.records.append(rec)
     if opts.on_record is not None:
         opts.on_record(rec)
 
 
-def _outside_record(cell: Cell, opts: LaunchOptions, status: str, t0: float, log_path: Path | None,
-                    **fields: Any) -> record.Record:
+def _outside(cell: Cell, opts: LaunchOptions, status: str, t0: float, log_path: Path | None,
+             **fields: Any) -> record.Record:
     """A record written by the launcher for a cell its launch could not finish."""
     if log_path is not None:
         fields.update(log=str(log_path), traceback=tail(log_path, 60))
     rec = record.new_record(cell, run_id=opts.run_id, launch_id="launcher", patches_module=opts.patches_module,
-                            patches_module_id=opts.patches_module_id,
-                            t0=t0, status=status, **fields)
+                            patches_module_id=opts.patches_module_id, t0=t0, status=status, **fields)
     record.append(opts.out_path, record.finish(rec, t0))
     return rec

@@ -6,10 +6,13 @@ command line can print it and exit 2.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from harness.catalog import Catalog, read_catalog
 
 __all__ = ["DeviceMatrix", "Matrix", "load_matrix", "parse_matrix"]
 
@@ -52,12 +55,36 @@ def load_matrix(path: str | Path = "matrix.yaml") -> Matrix:
     if not p.is_file():
         raise ValueError(f"matrix file not found: {path}")
     try:
-        data = yaml.safe_load(p.read_text())
+        data = yaml.load(p.read_text(), Loader=_strict_loader())
+    except _DuplicateKey as e:
+        raise ValueError(f"{p.name}: {e}") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark is not None else ""
         raise ValueError(f"{p.name}: not valid YAML{where}") from e
     return parse_matrix(data, p.name)
+
+
+class _DuplicateKey(Exception):
+    pass
+
+
+def _strict_loader():
+    """A safe loader that refuses a key given twice in one mapping (YAML keeps the last)."""
+    import yaml
+
+    class StrictLoader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            seen: dict[object, int] = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                if key in seen:
+                    raise _DuplicateKey(f"key {key!r} given twice (lines {seen[key] + 1} and "
+                                        f"{key_node.start_mark.line + 1})")
+                seen[key] = key_node.start_mark.line
+            return super().construct_mapping(node, deep=deep)
+
+    return StrictLoader
 
 
 def parse_matrix(data: Any, name: str = "matrix.yaml") -> Matrix:
@@ -70,14 +97,18 @@ def parse_matrix(data: Any, name: str = "matrix.yaml") -> Matrix:
     patch_map = data.get("patch_map") or {}
     if not isinstance(patch_map, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in patch_map.items()):
         raise ValueError(f"{name}: 'patch_map' must map patch names to function names")
+    catalog = read_catalog()
     scenarios = data.get("scenarios", "all")
     if scenarios == "all":
         chosen = None
     elif isinstance(scenarios, list) and scenarios and all(isinstance(s, str) for s in scenarios):
         chosen = tuple(scenarios)
+        for s in chosen:
+            if s not in catalog.names:
+                raise ValueError(f"{name}: 'scenarios': unknown scenario {s!r} (see `python -m harness list`)")
     else:
         raise ValueError(f"{name}: 'scenarios' must be 'all' or a non-empty list of names")
-    world_sizes = _world_sizes(data.get("world_sizes", [1, 2, 4]), f"{name}: 'world_sizes'")
+    world_sizes = _world_sizes(data.get("world_sizes", [1, 2, 4]), f"{name}: 'world_sizes'", catalog)
     timeout = _timeout(data.get("timeout_s", 60), f"{name}: 'timeout_s'")
     devices = data.get("devices")
     if not isinstance(devices, dict) or not devices:
@@ -102,7 +133,8 @@ def parse_matrix(data: Any, name: str = "matrix.yaml") -> Matrix:
             DeviceMatrix(
                 device=dev,
                 torch=tuple(versions),
-                world_sizes=_world_sizes(settings["world_sizes"], f"{where}.world_sizes") if "world_sizes" in settings else world_sizes,
+                world_sizes=(_world_sizes(settings["world_sizes"], f"{where}.world_sizes", catalog)
+                             if "world_sizes" in settings else world_sizes),
                 timeout_s=_timeout(settings["timeout_s"], f"{where}.timeout_s") if "timeout_s" in settings else timeout,
             )
         )
@@ -115,13 +147,17 @@ def _no_unknown(d: dict, allowed: set[str], where: str) -> None:
             raise ValueError(f"{where}: unknown key {key!r} (allowed: {', '.join(sorted(allowed))})")
 
 
-def _world_sizes(value: Any, where: str) -> tuple[int, ...]:
+def _world_sizes(value: Any, where: str, catalog: Catalog) -> tuple[int, ...]:
     if not isinstance(value, list) or not value or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value):
         raise ValueError(f"{where} must be a non-empty list of positive integers")
+    for v in value:
+        if v not in catalog.world_sizes:
+            raise ValueError(f"{where}: no scenario supports world size {v} "
+                             f"(supported: {', '.join(map(str, sorted(catalog.world_sizes)))})")
     return tuple(value)
 
 
 def _timeout(value: Any, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise ValueError(f"{where} must be a positive number of seconds")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{where} must be a finite number of seconds > 0, got {value!r}")
     return float(value)

@@ -18,6 +18,8 @@ from typing import Any
 
 import torch.distributed as dist
 
+from harness.watchdog import phase_key
+
 __all__ = ["RankOutcome", "all_reported", "blame", "collect_outcomes", "post", "shutdown_peer_sockets", "wait"]
 
 _COMM_FAILURE_MARKERS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
@@ -32,6 +34,11 @@ class RankOutcome:
     exc_msg: str | None = None
     traceback: str | None = None
     t_fail: float | None = None
+    #: where the rank was when it failed (``harness.watchdog``): its phase, the innermost
+    #: frame at the deadline, and whether that frame was waiting in a collective
+    phase: str | None = None
+    where: str | None = None
+    in_collective: bool | None = None
 
     @property
     def comm_failure(self) -> bool:
@@ -39,7 +46,7 @@ class RankOutcome:
 
     @property
     def timed_out(self) -> bool:
-        return any(m in (self.exc_msg or "") for m in _TIMEOUT_MARKERS)
+        return self.exc_type == "CellTimeout" or any(m in (self.exc_msg or "") for m in _TIMEOUT_MARKERS)
 
 
 def post(store: dist.Store, prefix: str, outcome: RankOutcome) -> None:
@@ -78,19 +85,46 @@ def wait(store: dist.Store, keys: list[str], timeout_s: float) -> bool:
         return False
 
 
-def blame(outcomes: list[RankOutcome]) -> dict[str, Any]:
-    """Record fields for the root-cause failure: a rank's own error beats a peer's connection loss."""
+def blame(outcomes: list[RankOutcome], missing: dict[int, str | None], timeout_s: float) -> dict[str, Any]:
+    """Record fields for the root cause.
+
+    A rank's own error beats a peer's connection loss. A hang (the deadline passed) is
+    blamed on the ranks that did not arrive: those that never reported, else those whose
+    phase is furthest behind; the message says where every rank was.
+    """
     failed = [o for o in outcomes if not o.ok]
-    primary = sorted(failed, key=lambda o: (o.comm_failure, o.timed_out, o.t_fail or 0.0, o.rank))[0]
-    return dict(
-        status="hang" if primary.timed_out else "error",
-        exc_type=primary.exc_type,
-        exc_msg=primary.exc_msg,
-        failing_rank=primary.rank,
-        traceback=primary.traceback,
-        failed_ranks=[o.rank for o in failed],
-        rank_errors={str(o.rank): f"{o.exc_type}: {o.exc_msg}" for o in failed},
-    )
+    own = [o for o in failed if not o.comm_failure and not o.timed_out]
+    phases = {o.rank: o.phase for o in outcomes} | missing
+    where = "; ".join(f"rank {r} in {p!r}" for r, p in sorted(phases.items()) if p)
+    fields: dict[str, Any] = dict(failed_ranks=sorted({o.rank for o in failed} | set(missing)),
+                                  rank_errors={str(o.rank): f"{o.exc_type}: {o.exc_msg}" for o in failed})
+    if own or not (missing or any(o.timed_out for o in failed)):
+        primary = sorted(own or failed, key=lambda o: (o.comm_failure, o.t_fail or 0.0, o.rank))[0]
+        return fields | dict(status="error", exc_type=primary.exc_type, exc_msg=primary.exc_msg,
+                             failing_rank=primary.rank, traceback=primary.traceback)
+    stuck_in_own_code = sorted(o.rank for o in failed if o.timed_out and o.in_collective is False)
+    if missing:
+        behind = sorted(missing)
+    elif stuck_in_own_code and len(stuck_in_own_code) < len(phases):
+        behind = stuck_in_own_code  # the others were waiting in a collective for them
+    else:
+        last = min(phase_key(p) for p in phases.values())
+        behind = sorted(r for r, p in phases.items() if phase_key(p) == last and len(phases) > 1) or sorted(phases)
+    where = "; ".join([*(_whereabouts(o) for o in sorted(failed, key=lambda o: o.rank)),
+                       *(f"rank {r} never reported (last in {p!r})" for r, p in sorted(missing.items()))])
+    primary = next((o for o in failed if o.rank == behind[0]), None)
+    arrived = "" if len(behind) == len(phases) else " did not arrive"
+    return fields | dict(status="hang", exc_type="CellTimeout", failing_rank=behind[0],
+                         exc_msg=f"no result within {timeout_s:g} s: rank(s) {behind}{arrived} ({where})",
+                         traceback=primary.traceback if primary else None)
+
+
+def _whereabouts(o: RankOutcome) -> str:
+    if o.where:
+        return f"rank {o.rank} {'waited in a collective' if o.in_collective else 'was'} in {o.where} during {o.phase!r}"
+    if o.comm_failure:
+        return f"rank {o.rank} lost its peers during {o.phase!r}"
+    return f"rank {o.rank} failed during {o.phase!r}: {o.exc_type}"
 
 
 def shutdown_peer_sockets() -> bool:

@@ -17,7 +17,7 @@ from harness.spec import Scenario
 #: per-cell timeout when neither the scenario nor the run sets one
 DEFAULT_TIMEOUT_S = 30.0
 
-__all__ = ["DEFAULT_TIMEOUT_S", "Cell", "LaunchPlan", "all_patch_names", "group_into_launches", "plan_cells"]
+__all__ = ["DEFAULT_TIMEOUT_S", "Cell", "LaunchPlan", "Stage", "all_patch_names", "plan_cells"]
 
 
 @dataclass(kw_only=True)
@@ -59,6 +59,18 @@ class Cell:
 
 
 @dataclass(kw_only=True)
+class Stage:
+    """Cells of one world size; slot ``i`` runs on ranks ``[i * world_size, (i + 1) * world_size)``
+    (``harness.schedule`` builds them)."""
+
+    world_size: int
+    slots: list[list[int]] = field(default_factory=list)
+
+    def cells_of(self, slot: int) -> list[int]:
+        return self.slots[slot] if slot < len(self.slots) else []
+
+
+@dataclass(kw_only=True)
 class LaunchPlan:
     """What one torchrun launch runs; written as JSON for the worker."""
 
@@ -72,9 +84,23 @@ class LaunchPlan:
     patches_module_id: str
     out_path: str
     progress_path: str
+    #: each rank stamps its phase into ``<phase_dir>/<launch_id>.rank<r>.phase``
+    phase_dir: str = ""
     scenario_dirs: list[str] = field(default_factory=list)
     dump_dir: str | None = None
     cells: list[Cell] = field(default_factory=list)
+    #: the order and slots the cells run in (``harness.schedule``)
+    stages: list[Stage] = field(default_factory=list)
+
+    def cell(self, index: int) -> Cell:
+        return next(c for c in self.cells if c.index == index)
+
+    def phase_file(self, rank: int) -> Path:
+        return Path(self.phase_dir) / f"{self.launch_id}.rank{rank}.phase"
+
+    def crash_file(self, rank: int) -> Path:
+        """Where a rank's faulthandler writes if a fatal signal (SIGABRT, SIGSEGV, ...) kills it."""
+        return Path(self.phase_dir) / f"{self.launch_id}.rank{rank}.crash"
 
     def dump(self, path: Path) -> None:
         path.write_text(json.dumps(asdict(self), indent=1))
@@ -83,6 +109,7 @@ class LaunchPlan:
     def load(cls, path: str) -> LaunchPlan:
         data = json.loads(Path(path).read_text())
         data["cells"] = [Cell.from_dict(c) for c in data["cells"]]
+        data["stages"] = [Stage(**s) for s in data["stages"]]
         return cls(**data)
 
 
@@ -162,27 +189,6 @@ def all_patch_names(scenarios: list[Scenario]) -> tuple[str, ...]:
     for s in scenarios:
         names.update(dict.fromkeys(s.patches))
     return tuple(names)
-
-
-def group_into_launches(cells: list[Cell], *, isolate: str = "snapshot") -> list[list[Cell]]:
-    """Cells that can share one torchrun launch, in first-appearance order.
-
-    With ``isolate="snapshot"`` (the default) one launch per device and world size runs
-    every variant and patch set in turn (the worker undoes a set before the next); with
-    ``"process"`` each patch set gets launches of its own. Within a launch, vanilla
-    comes first, cells of one patch set run together, and cells that may end the launch
-    (expected hang or crash) run last, so the relaunch after them has little left to do.
-    """
-    groups: dict[tuple, list[Cell]] = {}
-    for c in cells:
-        key: tuple = (c.device, c.world_size)
-        if isolate == "process":
-            key += (c.variant, c.patches)
-        groups.setdefault(key, []).append(c)
-    order: dict[tuple, int] = {}
-    for c in cells:
-        order.setdefault((c.variant != "vanilla", c.patches), len(order))
-    return [sorted(g, key=lambda c: (c.risk, order[(c.variant != "vanilla", c.patches)])) for g in groups.values()]
 
 
 def _risk(statuses: tuple[str, ...]) -> int:

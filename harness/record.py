@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import fcntl
 import json
 import os
 import time
@@ -230,17 +231,26 @@ def finish(rec: Record, t0: float) -> Record:
 
 def append(path: str | os.PathLike, rec: Record) -> None:
     """Append one record and force it to disk before returning."""
-    line = rec.to_json() + "\n"
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(line)
-        f.flush()
-        os.fsync(f.fileno())
+    append_line(path, rec.to_json(), sync=True)
 
 
-def mark_progress(path: str | os.PathLike, index: int, event: str) -> None:
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps({"cell": index, "event": event, "t": time.time()}) + "\n")
-        f.flush()
+def append_line(path: str | os.PathLike, line: str, *, sync: bool = False) -> None:
+    """Append one whole line; several processes may append to one file at once (a
+    launch's slots do), so each line goes in one ``write`` under an exclusive lock."""
+    data = (line + "\n").encode("utf-8")
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        while data:
+            data = data[os.write(fd, data):]
+        if sync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def mark_progress(path: str | os.PathLike, index: int, event: str, **info: Any) -> None:
+    append_line(path, json.dumps({"cell": index, "event": event, "t": time.time(), **info}))
 
 
 # --------------------------------------------------------------------------- reading

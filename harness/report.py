@@ -27,7 +27,8 @@ __all__ = ["OUTPUT_NAMES", "SHORT", "VERDICT_COLORS", "build_report", "render_ht
            "write_outputs"]
 
 TITLE = "FSDP2 patch compatibility report"
-OUTPUT_NAMES: Mapping[str, str] = {"md": "compat.md", "html": "compat.html", "csv": "compat.csv"}
+OUTPUT_NAMES: Mapping[str, str] = {"md": "compat.md", "html": "compat.html", "csv": "compat.csv",
+                                   "patches_csv": "compat-patches.csv"}
 FLAG, ADJUSTED = "⚠", "†"
 #: verdict -> (heatmap label, colour)
 SHORT: Mapping[str, tuple[str, str]] = {
@@ -249,6 +250,7 @@ def write_outputs(tables: ReportTables, out_dir: str | Path) -> dict[str, Path]:
     paths["md"].write_text(render_markdown(tables), encoding="utf-8")
     paths["html"].write_text(render_html(tables), encoding="utf-8")
     tables.cells.to_csv(paths["csv"], index=False, columns=list(LONG_COLUMNS))
+    tables.patches.to_csv(paths["patches_csv"], index=False)
     return paths
 
 

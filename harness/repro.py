@@ -57,7 +57,10 @@ def repro(req: ReproRequest) -> Record:
         out = req.out or Path(tmp) / "repro.jsonl"
         opts = LaunchOptions(run_id="repro", out_path=out, log_dir=Path(tmp) / "logs", patches_module=req.patches,
                              patch_mapping=req.patch_mapping, scenario_dirs=req.scenario_dirs)
-        (rec,) = run_cells([cell], opts)
+        result = run_cells([cell], opts)
+    if result.signal is not None:
+        raise KeyboardInterrupt
+    (rec,) = result.records
     return rec
 
 

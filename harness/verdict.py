@@ -127,6 +127,8 @@ VERDICT_RULES: tuple[Rule, ...] = _rules(
      "a documented upstream bug that no patch fixes"),
     (ANY, "xfail", "xfail|upstream|missing", "xfail|upstream|skip|missing", ANY, EXPECTED_FAILURE,
      "documented failures"),
+    (PATCHED, "skip", "xfail|upstream", ANY, ANY, EXPECTED_FAILURE,
+     "vanilla lacks the feature; the patched run fails as documented"),
     (ANY, "fail", ANY, ANY, ANY, REGRESSION, "vanilla fails unexpectedly and nothing fixes it"),
     (ANY, ANY, ANY, ANY, ANY, NOT_APPLICABLE, "skipped"),
 )

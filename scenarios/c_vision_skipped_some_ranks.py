@@ -11,7 +11,7 @@ from scenarios.c_skipped_vision_tower import SCENARIO as SKIPPED_EVERYWHERE
 SCENARIO = SKIPPED_EVERYWHERE.replace(
     forward=lambda model, x, ctx: mean_square(model(x, with_image=ctx.rank % 2 == 0)),
     world_sizes=(2,),
-    timeout_s=5,  # the patched variant's documented outcome is a hang: do not wait longer than needed
+    timeout_s=3,  # the patched variant's documented outcome is a hang: do not wait longer than needed
     expect=(Expect(status="error|hang|crash|mismatch", variants=("vanilla", "patched"),
                    why="forward all-gathers desync: no patch can fix this"),),
 )

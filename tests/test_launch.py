@@ -1,59 +1,129 @@
-"""The launcher classifies a hanging and an aborting cell and still runs the cells after them."""
+"""The launcher under faults: hangs, aborts, exceptions, hung patches, NaNs, signals;
+every cell accounted for and no process left behind."""
 
+import json
+import signal
+import subprocess
+import sys
 import time
 
+import psutil
 import pytest
 
 from harness.launch import LaunchOptions, run_cells
 from harness.plan import plan_cells
 from harness.registry import load_scenarios
-from tests.conftest import FIXTURE_SCENARIOS
+from tests.conftest import FIXTURE_SCENARIOS, ROOT
 
 pytestmark = pytest.mark.slow
 
 
-def test_hang_abort_and_error_are_classified_and_later_cells_run(tmp_path):
+def _cells(names, **kw):
     scenarios = load_scenarios([str(FIXTURE_SCENARIOS)]).scenarios
-    chosen = [scenarios[n] for n in ["fault_hang", "fault_abort", "fault_raise", "fault_after"]]
-    cells = plan_cells(chosen, world_sizes=None, devices=["cpu"], variants=["vanilla"], explicit_scenarios=True)
-    assert len({c.world_size for c in cells}) == 1  # one launch group: faults must not stop the rest
-    assert [c.risk for c in cells] == [2, 3, 1, 0]  # planned: hang/crash-prone cells would go last
-    for c in cells:
-        c.risk = 0  # keep the file order here, so cells run after the hang and the abort
+    args = dict(world_sizes=None, devices=["cpu"], variants=["vanilla"], explicit_scenarios=True) | kw
+    return plan_cells([scenarios[n] for n in names], **args)
+
+
+def _descendants_of_launches(tmp_path) -> list[str]:
+    return [" ".join(p.info["cmdline"] or []) for p in psutil.process_iter(["cmdline"])
+            if str(tmp_path) in " ".join(p.info["cmdline"] or [])]
+
+
+def test_faults_are_classified_within_their_timeout_and_later_cells_run(tmp_path):
+    cells = _cells(["fault_hang", "fault_hang_rank1", "fault_abort", "fault_raise", "fault_after"])
     opts = LaunchOptions(run_id="t", out_path=tmp_path / "r.jsonl", log_dir=tmp_path / "logs",
                          scenario_dirs=[str(FIXTURE_SCENARIOS)])
     t0 = time.time()
-    records = [r.__dict__ for r in run_cells(cells, opts)]
+    result = run_cells(cells, opts)
     wall = time.time() - t0
-    by_name = {r["scenario"]: r for r in records}
-    assert [r["scenario"] for r in records] == ["fault_hang", "fault_abort", "fault_raise", "fault_after"]
+    by = {r.scenario: r for r in result.records}
+    assert sorted(by) == sorted(c.scenario for c in cells) and not result.not_run
     timeout = cells[0].timeout_s
-    hang = by_name["fault_hang"]
-    assert hang["status"] == "hang" and hang["as_expected"]
-    assert hang["duration_s"] <= timeout + 10
-    crash = by_name["fault_abort"]
-    assert crash["status"] == "crash" and "SIGABRT" in crash["exc_msg"] and crash["failing_rank"] == 1
-    assert crash["duration_s"] <= timeout + 10
-    error = by_name["fault_raise"]
-    assert error["status"] == "error" and error["failing_rank"] == 1 and "planted failure" in error["exc_msg"]
-    assert error["duration_s"] <= timeout  # the blocked peer fails fast, not at the timeout
-    # ... and the launch survives it: the next cell ran in the same torchrun
-    assert by_name["fault_after"]["launch_id"] == error["launch_id"] != "launcher"
-    assert by_name["fault_after"]["status"] == "pass"
-    # every record reached the file, in order
-    lines = (tmp_path / "r.jsonl").read_text().splitlines()
-    assert len(lines) == 4
-    assert wall < 4 * timeout + 60
+    hang = by["fault_hang"]
+    assert hang.status == "hang" and hang.as_expected and hang.duration_s <= timeout + 2
+    one = by["fault_hang_rank1"]  # rank 1 is the one that did not arrive, not rank 0 who waited for it
+    assert one.status == "hang" and one.failing_rank == 1 and one.duration_s <= timeout + 2
+    assert "rank(s) [1] did not arrive" in one.exc_msg
+    assert "rank 1 was in _hang_rank1 (launcher_faults.py:" in one.exc_msg
+    assert "during 'step 0 micro-batch 0 forward'" in one.exc_msg
+    assert "rank 0 waited in a collective" in one.exc_msg or "rank 0 lost its peers" in one.exc_msg
+    crash = by["fault_abort"]
+    assert crash.status == "crash" and "SIGABRT" in crash.exc_msg and crash.failing_rank == 1
+    error = by["fault_raise"]
+    assert error.status == "error" and error.failing_rank == 1 and "planted failure" in error.exc_msg
+    assert error.duration_s <= 2  # the blocked peer fails at once, not at the timeout
+    # hangs are caught inside the worker: the cells after them ran in the same launch
+    assert hang.launch_id == one.launch_id == by["fault_after"].launch_id != "launcher"
+    assert by["fault_after"].status == "pass"
+    assert len((tmp_path / "r.jsonl").read_text().splitlines()) == len(cells)
+    assert wall < 2 * timeout + 60
+    assert _descendants_of_launches(tmp_path) == []
+
+
+def test_non_finite_reference_means_a_wrong_scenario_and_fsdp_only_nan_a_mismatch(tmp_path):
+    cells = _cells(["fault_nan_reference", "fault_nan_fsdp"])
+    result = run_cells(cells, LaunchOptions(run_id="t", out_path=tmp_path / "r.jsonl", log_dir=tmp_path / "l",
+                                            scenario_dirs=[str(FIXTURE_SCENARIOS)]))
+    by = {r.scenario: r for r in result.records}
+    ref = by["fault_nan_reference"]
+    assert (ref.status, ref.exc_type) == ("error", "ScenarioError") and "the scenario is wrong" in ref.exc_msg
+    fsdp = by["fault_nan_fsdp"]
+    assert fsdp.status == "mismatch" and "non-finite" in fsdp.worst and fsdp.as_expected
+
+
+@pytest.mark.parametrize("module", ["sleepy_patches.py", "sleepy_import_patches.py"])
+def test_a_hung_patches_module_is_a_hang_within_the_timeout_and_the_run_goes_on(tmp_path, module):
+    """Hung at install (or at import): the first cell of the set is a hang, the rest of that
+    set is not retried, and the vanilla cells still run."""
+    out = tmp_path / "r.jsonl"
+    t0 = time.time()
+    res = subprocess.run([sys.executable, "-m", "harness", "run", "--scenario", "c_skipped_vision_tower",
+                          "--world-size", "1", "--world-size", "2", "--variant", "vanilla", "--variant", "patched",
+                          "--patches", f"tests/fixtures/{module}", "--timeout", "4", "--out", str(out), "--quiet"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    wall = time.time() - t0
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    patched = [r for r in records if r["variant"] == "patched"]
+    assert [r["status"] for r in records if r["variant"] == "vanilla"] == ["error", "error"]  # C, as documented
+    assert {r["status"] for r in patched} == {"hang"} and len(patched) == 2
+    first = min(patched, key=lambda r: r["started_at"])
+    assert first["duration_s"] <= 4 + 5
+    phase = "import patches" if "import" in module else "install patches"
+    assert phase in (first["exc_msg"] or "")
+    assert res.returncode == 1 and wall < 60
+    assert _descendants_of_launches(tmp_path) == []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_stops_the_run_reaps_everything_and_nothing_is_written_after(tmp_path, sig):
+    out = tmp_path / "r.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "harness", "run", "--scenarios-dir", str(FIXTURE_SCENARIOS),
+                             "--scenario", "fault_after", "--scenario", "fault_hang", "--variant", "vanilla",
+                             "--timeout", "60", "--out", str(out)], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    deadline = time.time() + 90
+    while time.time() < deadline and not (out.exists() and out.read_text().count("\n") >= 1):
+        time.sleep(0.2)  # wait until a cell has finished and the hanging one runs
+    assert out.read_text().count("\n") == 1, "the first cell never finished"
+    workers = [p for p in psutil.Process(proc.pid).children(recursive=True)]
+    assert any("harness.worker" in " ".join(p.cmdline()) for p in workers)
+    t0 = time.time()
+    proc.send_signal(sig)
+    output, _ = proc.communicate(timeout=30)
+    assert time.time() - t0 < 5 and proc.returncode == 128 + sig
+    assert f"interrupted by {signal.Signals(sig).name}: 1 cells recorded, 1 not run" in output
+    assert "fault_after" in output.split("interrupted")[0]  # the summary of finished cells
+    _, alive = psutil.wait_procs(workers, timeout=5)
+    assert alive == []
+    size = out.stat().st_size
+    time.sleep(2)
+    assert out.stat().st_size == size
 
 
 def test_two_launchers_act_as_two_nodes(tmp_path):
     """--nnodes/--node-rank/--rdzv-endpoint pass through to torchrun; node 0 records."""
-    import json
     import socket
-    import subprocess
-    import sys
-
-    from tests.conftest import ROOT
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -75,12 +145,39 @@ def test_two_launchers_act_as_two_nodes(tmp_path):
 
 
 def test_multi_node_needs_endpoint_and_run_id():
-    import subprocess
-    import sys
-
-    from tests.conftest import ROOT
-
     out = subprocess.run([sys.executable, "-m", "harness", "run", "--scenario", "plain", "--world-size", "2",
                           "--nnodes", "2"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
     assert out.stderr.strip() == "error: multi-node runs need --rdzv-endpoint HOST:PORT and the same --run-id on every node"
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--timeout", "-1"], "error: run: argument --timeout: must be a finite number of seconds > 0, got '-1'"),
+    (["--timeout", "nan"], "error: run: argument --timeout: must be a finite number of seconds > 0, got 'nan'"),
+    (["--timeout", "inf"], "error: run: argument --timeout: must be a finite number of seconds > 0, got 'inf'"),
+    (["--timeout", "0"], "error: run: argument --timeout: must be a finite number of seconds > 0, got '0'"),
+    (["--world-size", "0"], "error: run: argument --world-size: must be a positive integer, got '0'"),
+])
+def test_bad_numbers_are_one_line_and_exit_2(args, message):
+    out = subprocess.run([sys.executable, "-m", "harness", "run", "--scenario", "plain", *args], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert (out.returncode, out.stderr.strip()) == (2, message)
+
+
+def test_a_broken_scenario_file_is_named_recorded_and_the_others_run(tmp_path):
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "oops_syntax.py").write_text("from harness.spec import Scenario\nSCENARIO = Scenario(\n")
+    (folder / "oops_raises.py").write_text("import torch\n\nraise RuntimeError('cannot build the model')\n")
+    (folder / "fine.py").write_text((ROOT / "scenarios" / "plain.py").read_text())
+    out = tmp_path / "r.jsonl"
+    res = subprocess.run([sys.executable, "-m", "harness", "run", "--scenarios-dir", str(folder), "--scenario",
+                          "oops_syntax", "--scenario", "oops_raises", "--scenario", "fine", "--world-size", "1",
+                          "--out", str(out), "--quiet"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 1
+    assert f"{folder / 'oops_syntax.py'}:2: SyntaxError: '(' was never closed" in res.stderr
+    assert f"{folder / 'oops_raises.py'}:3: RuntimeError: cannot build the model" in res.stderr
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    broken = {r["scenario"]: r for r in records if r["exc_type"] == "ScenarioLoadError"}
+    assert set(broken) == {"oops_syntax", "oops_raises"} and not any(r["as_expected"] for r in broken.values())
+    assert {r["status"] for r in records if r["scenario"] == "fine"} == {"pass"}

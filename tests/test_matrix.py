@@ -24,7 +24,12 @@ GOOD = {"patches": "fsdp_patches", "devices": {"cpu": {"torch": ["2.13.0"]}}}
         ({"devices": {"cpu": {"torch": []}}}, "devices.cpu.torch must be a non-empty list"),
         ({"devices": {"cpu": {"torch": ["2.13.0"], "backend": "x"}}}, "devices.cpu: unknown key 'backend'"),
         ({"world_sizes": [0, 2]}, "'world_sizes' must be a non-empty list of positive integers"),
-        ({"timeout_s": -1}, "'timeout_s' must be a positive number"),
+        ({"timeout_s": -1}, "'timeout_s' must be a finite number of seconds > 0, got -1"),
+        ({"timeout_s": float("inf")}, "'timeout_s' must be a finite number of seconds > 0, got inf"),
+        ({"timeout_s": float("nan")}, "'timeout_s' must be a finite number of seconds > 0, got nan"),
+        ({"world_sizes": [3]}, "'world_sizes': no scenario supports world size 3 (supported: 1, 2, 4)"),
+        ({"devices": {"cpu": {"torch": ["2.13.0"], "world_sizes": [8]}}}, "devices.cpu.world_sizes: no scenario supports"),
+        ({"scenarios": ["plain", "plian"]}, "'scenarios': unknown scenario 'plian'"),
         ({"scenarios": "some"}, "'scenarios' must be 'all' or a non-empty list"),
         ({"patch_map": ["x"]}, "'patch_map' must map patch names"),
         ({"devices": {"cpu": {"torch": ["2.13.0", "2.13.0"]}}}, "lists a version twice"),
@@ -41,6 +46,13 @@ def test_device_overrides_and_scenario_list():
                       "devices": {"cpu": {"torch": ["2.13.0"], "world_sizes": [1], "timeout_s": 5}}})
     assert m.scenarios == ("plain",)
     assert m.device("cpu").world_sizes == (1,) and m.device("cpu").timeout_s == 5.0
+
+
+def test_a_key_given_twice_is_refused(tmp_path):
+    dup = tmp_path / "m.yaml"
+    dup.write_text("patches: fsdp_patches\ntimeout_s: 5\ntimeout_s: 6\ndevices:\n  cpu:\n    torch: ['2.13.0']\n")
+    with pytest.raises(ValueError, match=r"^m.yaml: key 'timeout_s' given twice \(lines 2 and 3\)$"):
+        load_matrix(dup)
 
 
 def test_invalid_yaml_and_missing_file(tmp_path):

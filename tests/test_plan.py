@@ -1,6 +1,7 @@
 import pytest
 
-from harness.plan import LaunchPlan, all_patch_names, group_into_launches, plan_cells
+from harness.plan import LaunchPlan, all_patch_names, plan_cells
+from harness.schedule import group_into_launches, stages
 from harness.spec import Scenario
 from scenarios._models import MLP, randn_batch
 
@@ -39,32 +40,47 @@ def test_variants_patched_only_with_patches_deployed_everywhere_and_grouping():
     assert all(c.patches == ("p1", "p2") for c in cells if c.variant == "deployed")
     assert all(c.patches == ("p1",) for c in cells if c.variant == "patched")
     assert all(c.scenario_patches == ("p1",) for c in cells if c.scenario == "a")
-    cells = [c for c in cells if c.variant != "deployed"]
-    # default: one launch per (device, world size), vanilla first, each patch set together
-    groups = group_into_launches(cells)
-    assert sorted(len(g) for g in groups) == [1, 2, 3]
-    for g in groups:
-        assert len({(c.device, c.world_size) for c in g}) == 1
-        variants = [c.variant for c in g]
-        assert variants == sorted(variants, key=lambda v: v != "vanilla")
-    # process isolation: a launch per patch set too
-    for g in group_into_launches(cells, isolate="process"):
+    # default: one launch per device; "world-size": one per (device, world size); "process": per patch set too
+    (group,) = group_into_launches(cells)
+    assert len(group) == len(cells)
+    assert sorted(len(g) for g in group_into_launches(cells, per="world-size")) == [2, 3, 5]
+    for g in group_into_launches(cells, per="world-size", isolate="process"):
         assert len({(c.device, c.world_size, c.variant, c.patches) for c in g}) == 1
 
 
-def test_risky_cells_run_last_in_a_launch():
+def test_stages_one_world_size_at_a_time_on_slots_of_the_largest():
+    cells = plan_cells([A, B], world_sizes=None, devices=["cpu"], variants=["vanilla", "patched"],
+                       explicit_scenarios=False)
+    plan = stages(cells, 4)
+    assert [s.world_size for s in plan] == [4, 2, 1]
+    by_index = {c.index: c for c in cells}
+    for s in plan:
+        assert len(s.slots) <= 4 // s.world_size
+        assert all(by_index[i].world_size == s.world_size for slot in s.slots for i in slot)
+        for slot in s.slots:  # vanilla before patched within a slot
+            variants = [by_index[i].variant for i in slot]
+            assert variants == sorted(variants, key=lambda v: v != "vanilla")
+    assert sorted(i for s in plan for slot in s.slots for i in slot) == [c.index for c in cells]
+    two = plan[1]
+    assert len(two.slots) == 2 and all(two.slots)  # the 2-rank cells run side by side
+
+
+def test_a_documented_hang_is_balanced_and_a_certain_crash_runs_last_alone():
     from harness.spec import Expect
 
+    hangs = _s("hangs", world_sizes=(2,), timeout_s=3, expect=(Expect(status="hang"),))
     crashy = _s("crashy", world_sizes=(2,), expect=(Expect(status="crash"),))
-    cells = plan_cells([crashy, B], world_sizes=[2], devices=["cpu"], variants=["vanilla"], explicit_scenarios=False)
-    (group,) = group_into_launches(cells)
-    assert [c.scenario for c in group] == ["b", "crashy"]
+    cells = plan_cells([hangs, crashy, B], world_sizes=[2], devices=["cpu"], variants=["vanilla"],
+                       explicit_scenarios=False)
+    plan = stages(cells, 4)
+    names = [[[cells[i].scenario for i in slot] for slot in s.slots] for s in plan]
+    assert names == [[["hangs"], ["b"]], [["crashy"]]]
 
 
 def test_launch_plan_roundtrip(tmp_path):
     cells = plan_cells([A], world_sizes=None, devices=["cpu"], variants=["patched"], explicit_scenarios=False)
     plan = LaunchPlan(run_id="r", launch_id="l", device="cpu", world_size=1, patches_module="m",
                       patches_module_id="m (m.py, sha256 0)", patch_mapping={}, out_path="o", progress_path="p",
-                      cells=cells)
+                      cells=cells, stages=stages(cells, 2))
     plan.dump(tmp_path / "p.json")
     assert LaunchPlan.load(str(tmp_path / "p.json")) == plan

@@ -179,7 +179,8 @@ def test_environment_rows_keep_the_builds(records_dir: Path) -> None:
 
 def test_build_report_writes_three_files(records_dir: Path, tmp_path: Path) -> None:
     paths = build_report([records_dir], tmp_path / "out")
-    assert {k: p.name for k, p in paths.items()} == {"md": "compat.md", "html": "compat.html", "csv": "compat.csv"}
+    assert {k: p.name for k, p in paths.items()} == {"md": "compat.md", "html": "compat.html", "csv": "compat.csv",
+                                                     "patches_csv": "compat-patches.csv"}
     md = re.sub(r" +", " ", paths["md"].read_text(encoding="utf-8"))  # tabulate pads columns
     assert md.index("## What to do with each patch: cpu") < md.index("## Scenario × torch: cpu")
     assert "Patches module under test: fsdp_patches (fsdp_patches, sha256 abc)." in md
@@ -222,7 +223,8 @@ def test_cli_writes_report(records_dir: Path, tmp_path: Path, capsys: pytest.Cap
     assert cli_main(["report", "--records", str(records_dir / "cpu"), "--records", str(records_dir / "bad.jsonl"),
                      "--out", str(out)]) == 0
     captured = capsys.readouterr()
-    assert captured.out.split() == [str(out / "compat.md"), str(out / "compat.html"), str(out / "compat.csv")]
+    assert captured.out.split() == [str(out / "compat.md"), str(out / "compat.html"), str(out / "compat.csv"),
+                                    str(out / "compat-patches.csv")]
     assert "skipped 5 malformed lines" in captured.err
     assert "cuda" not in (out / "compat.csv").read_text()
 

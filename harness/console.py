@@ -1,0 +1,43 @@
+"""What a run prints: a line per cell as it finishes, and the summary table at the end."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from harness.record import Record
+
+__all__ = ["Progress", "print_summary", "say_start"]
+
+
+def say_start(n_cells: int, out: Path) -> None:
+    print(f"{n_cells} cells -> {out}", flush=True)
+
+
+class Progress:
+    def __init__(self) -> None:
+        self.total, self.n, self.t0 = 0, 0, time.time()
+
+    def __call__(self, rec: Record, total: int) -> None:
+        self.n += 1
+        flag = "" if rec.as_expected else f"  << UNEXPECTED (expected {'|'.join(rec.expected)})"
+        detail = rec.exc_msg or rec.worst or rec.reason or ""
+        label = f"{rec.scenario}[{rec.variant},{rec.device},w{rec.world_size}]"
+        print(f"[{self.n}/{total}, {total - self.n} left, {time.time() - self.t0:5.1f}s] {label:<52} {rec.status:<8} "
+              f"{rec.duration_s or 0:5.2f}s  {detail[:90]}{flag}", flush=True)
+
+
+def print_summary(records: list[Record]) -> None:
+    if not records:
+        return
+    header = f"{'scenario':<30} {'variant':<8} {'device':<6} {'ws':>2}  {'status':<8} {'expected':<16} ok  detail"
+    print(f"\n{header}\n{'-' * len(header)}")
+    for r in sorted(records, key=lambda r: (r.scenario, r.variant != "vanilla", r.device, r.world_size)):
+        detail = r.exc_msg or (f"max|diff| {r.max_abs_diff:.2e} at {r.worst}" if r.max_abs_diff is not None else "")
+        print(f"{r.scenario:<30} {r.variant:<8} {r.device:<6} {r.world_size:>2}  {r.status:<8} "
+              f"{'|'.join(r.expected):<16} {'yes' if r.as_expected else 'NO':<3} {(detail or r.reason or '')[:100]}")
+    counts: dict[str, int] = {}
+    for r in records:
+        counts[r.status] = counts.get(r.status, 0) + 1
+    summary = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+    print(f"\n{len(records)} cells: {summary}; {sum(not r.as_expected for r in records)} not as expected")

@@ -1,0 +1,153 @@
+"""A cell's deadline inside a worker, and where each rank is (its phase).
+
+Every step of user code in a cell runs under ``Watchdog.user_code(phase)``: importing
+and installing the patches, building and sharding the model, forward and backward,
+the reference. At the cell's deadline a watchdog thread
+
+* interrupts Python code that is stuck (``SIGALRM`` to the main thread; its handler
+  raises ``CellTimeout`` while user code runs), and
+* shuts this process's collective sockets (``harness.peers.shutdown_peer_sockets``), so a
+  rank blocked in a gloo collective fails at once instead of at gloo's own timeout.
+
+So a hung cell is recorded as a hang within its timeout plus a second or so, in the
+same launch. Code stuck where neither reaches (a C loop holding the GIL) is left to the
+launcher, which kills the launch ``grace_s`` after the deadline.
+
+Each rank also stamps its phase into a small file the launcher can read after a kill,
+so a hang record names the ranks that did not arrive and where they were.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+__all__ = ["CellTimeout", "Watchdog", "phase_key", "read_phase"]
+
+
+class CellTimeout(BaseException):
+    """The cell's deadline passed while user code ran (a BaseException: user code's
+    ``except Exception`` must not swallow it)."""
+
+
+class Watchdog:
+    """One per worker process; arm it per cell."""
+
+    def __init__(self, phase_file: Path | None, on_expire: Callable[[], object]) -> None:
+        self.phase_file = phase_file
+        self.on_expire = on_expire
+        self.phase = "idle"
+        self.deadline: float | None = None
+        self.fired = False
+        #: at the deadline: the main thread's innermost frame, and whether it was waiting
+        #: inside torch.distributed (a collective) rather than in the scenario's own code
+        self.where = ""
+        self.in_collective = False
+        self._in_user_code = False
+        self._wake = threading.Condition()
+        self._main = threading.main_thread().ident
+        signal.signal(signal.SIGALRM, self._on_alarm)
+        threading.Thread(target=self._watch, name="cell-watchdog", daemon=True).start()
+
+    # -- the cell -------------------------------------------------------------------
+    def arm(self, timeout_s: float) -> None:
+        with self._wake:
+            self.deadline, self.fired = time.time() + timeout_s, False
+            self._wake.notify()
+
+    def disarm(self) -> None:
+        with self._wake:
+            self.deadline = None
+            self._wake.notify()
+        self.stamp("idle")
+
+    @contextlib.contextmanager
+    def user_code(self, phase: str) -> Iterator[None]:
+        """Run user code: interruptible at the deadline; raises ``CellTimeout`` at once
+        if the deadline has already passed."""
+        self.stamp(phase)
+        if self.fired:
+            raise CellTimeout(phase)
+        self._in_user_code = True
+        try:
+            yield
+        finally:
+            self._in_user_code = False
+
+    def stamp(self, phase: str) -> None:
+        """Record where this rank is (also read by the launcher after a kill)."""
+        self.phase = phase
+        if self.phase_file is not None:
+            self.phase_file.write_text(json.dumps({"phase": phase, "t": time.time()}))
+
+    # -- the thread and the signal ----------------------------------------------------
+    def _watch(self) -> None:
+        with self._wake:
+            while True:
+                if self.deadline is None or self.fired:
+                    self._wake.wait()
+                    continue
+                left = self.deadline - time.time()
+                if left > 0:
+                    self._wake.wait(timeout=left)
+                    continue
+                self.fired = True
+                self._note_where()
+                if self._in_user_code:
+                    signal.pthread_kill(self._main, signal.SIGALRM)
+                self.on_expire()
+
+    def _note_where(self) -> None:
+        frame = sys._current_frames().get(self._main)
+        if frame is None:
+            return
+        code = frame.f_code
+        self.where = f"{code.co_name} ({Path(code.co_filename).name}:{frame.f_lineno})"
+        self.in_collective = any(f"{os.sep}torch{os.sep}distributed{os.sep}" in f.f_code.co_filename
+                                 for f in _stack(frame, 3))
+
+    def _on_alarm(self, signum, frame) -> None:
+        if self._in_user_code and self.fired:
+            self._in_user_code = False
+            raise CellTimeout(self.phase)
+
+
+def _stack(frame, depth: int):
+    while frame is not None and depth > 0:
+        yield frame
+        frame, depth = frame.f_back, depth - 1
+
+
+def read_phase(path: Path) -> str | None:
+    """The phase a rank last stamped, or None."""
+    try:
+        return json.loads(path.read_text())["phase"]
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+_STAGES = ("import patches", "install patches", "init group", "build model")
+
+
+def phase_key(phase: str | None) -> tuple:
+    """Sort key of a phase: a rank with a smaller key is behind (did not arrive)."""
+    if not phase or phase == "idle":
+        return (-1,)
+    if phase in _STAGES:
+        return (_STAGES.index(phase),)
+    if phase == "reference":
+        return (9,)
+    words = phase.split()
+    if words[0] == "step" and len(words) >= 3:
+        step = int(words[1])
+        if words[2] == "micro-batch":
+            return (5, step, int(words[3]), 1 if words[-1] == "backward" else 0)
+        return (5, step, 10**6, words[2:])
+    return (8, phase)

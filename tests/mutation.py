@@ -1,0 +1,171 @@
+"""Mutation check of the scenario library: small realistic mistakes in copies of the
+project's own patches (one change each, the kind made when porting a patch to a new
+torch), each run through the harness on the scenarios that exercise it.
+
+A mutant is killed when some cell of its run is not as documented (the harness exits
+1); one that survives means a scenario is missing. Mutants of the pre-2.13 code paths
+run on an older torch (its matrix venv). ``nox -s mutants`` runs them and prints the
+table and the kill ratio; the exit code is 1 when any mutant survives.
+
+    python tests/mutation.py [--only NAME ...] [--python-for 2.12.1=/path/to/python]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PATCHES = ROOT / "fsdp_patches"
+DEFAULT_TORCH = "2.13.0"
+
+
+@dataclass(kw_only=True, frozen=True)
+class Mutant:
+    name: str
+    file: str
+    old: str
+    new: str
+    scenarios: tuple[str, ...]
+    why: str
+    torch: str = DEFAULT_TORCH
+    world_sizes: tuple[int, ...] = field(default=())
+
+
+A_SCENARIOS = ("a_rank_divergent", "d1_hsdp_extra_first_micro_batch", "d2_hsdp_swapped_layers")
+E_SCENARIOS = ("e_globally_unused_adamw", "e_hsdp_globally_unused", "e_param_used_in_one_step",
+               "b1_mixed_dtype_unused_api")
+B_SCENARIOS = ("b1_mixed_dtype_unused_api", "b2_mixed_dtype_late_param", "b3_mixed_dtype_rank0_only")
+CLIP_SCENARIOS = ("f_offload_clip_nccl_only", "f_offload_clip_under_max_norm", "h_inf_norm_empty_shard", "hsdp_clip",
+                  "plain")
+
+MUTANTS: tuple[Mutant, ...] = (
+    Mutant(name="a_flag_not_set", file="unused_params.py",
+           old="        self.reduce_scatter_unused_params = True\n",
+           new="        self.reduce_scatter_unused_params = getattr(self, 'reduce_scatter_unused_params', False)\n",
+           scenarios=A_SCENARIOS, why="2.13+: keeps torch's default instead of turning the flag on"),
+    Mutant(name="a_fill_every_backward", file="unused_params.py",
+           old='filled = _zero_fill_unused_grads(self) if getattr(self, "reduce_grads", True) else []',
+           new="filled = _zero_fill_unused_grads(self)",
+           scenarios=(*A_SCENARIOS, *E_SCENARIOS), torch="2.12.1",
+           why="pre-2.13 fill: zero-fills on no-sync micro-batches too"),
+    Mutant(name="a_fill_over_accumulated", file="unused_params.py",
+           old='        if getattr(fsdp_param, "unsharded_accumulated_grad", None) is not None:\n            continue\n',
+           new="",
+           scenarios=(*A_SCENARIOS, *E_SCENARIOS), torch="2.12.1",
+           why="pre-2.13 fill: overwrites grads accumulated over earlier micro-batches"),
+    Mutant(name="e_shard_group_only", file="unused_params.py",
+           old='        getattr(group.mesh_info, "replicate_process_group", None),\n', new="",
+           scenarios=E_SCENARIOS, why="decides 'unused' over the shard group only, not the replicas"),
+    Mutant(name="e_drops_existing_grads", file="unused_params.py",
+           old="if not was_used and was_none and fsdp_param.sharded_param.grad is not None:",
+           new="if not was_used and fsdp_param.sharded_param.grad is not None:",
+           scenarios=E_SCENARIOS, why="also drops a grad that zero_grad(set_to_none=False) left"),
+    Mutant(name="e_usage_ignores_accumulated", file="unused_params.py",
+           old='    return getattr(fsdp_param, "unsharded_accumulated_grad", None) is not None\n',
+           new="    return False\n",
+           scenarios=E_SCENARIOS, why="misses usage that only survives in the accumulated grad (bf16/fp32)"),
+    Mutant(name="b_widen_to_narrowest", file="reduce_dtype.py",
+           old="    return functools.reduce(torch.promote_types, unique)\n",
+           new="    return min(unique, key=lambda d: torch.finfo(d).bits)\n",
+           scenarios=B_SCENARIOS, why="widens the group to bf16 instead of fp32"),
+    Mutant(name="b_one_alias_only", file="reduce_dtype.py",
+           old="    for module, attr in aliases:\n        if not wrapper_in_chain",
+           new="    for module, attr in aliases[:1]:\n        if not wrapper_in_chain",
+           scenarios=B_SCENARIOS, why="wraps _fsdp_collectives.foreach_reduce but not the name post_backward calls"),
+    Mutant(name="c_wrong_method", file="accumulated_grad.py",
+           old='_METHOD = "to_accumulated_grad_if_needed"', new='_METHOD = "to_accumulated_grad"',
+           scenarios=("c_skipped_vision_tower",), why="guards a method name from another release"),
+    Mutant(name="c_guard_checks_wrong_attr", file="accumulated_grad.py",
+           old="        return name == _ATTR\n", new='        return name == "unsharded_param"\n',
+           scenarios=("c_skipped_vision_tower",), why="matches the public property name, not the missing attribute"),
+    Mutant(name="clip_no_clamp", file="grads.py",
+           old="clip_coef = torch.clamp(float(max_norm) / (total_norm + 1e-6), max=1.0)",
+           new="clip_coef = float(max_norm) / (total_norm + 1e-6)",
+           scenarios=CLIP_SCENARIOS, why="scales grads up when the norm is under max_norm"),
+    Mutant(name="clip_local_norm", file="grads.py",
+           old="        if placement.is_shard():\n            reduce_dims.append(mesh_dim)\n",
+           new="        if placement.is_shard():\n            pass\n",
+           scenarios=CLIP_SCENARIOS, why="uses this rank's shard norm as the total"),
+    Mutant(name="clip_counts_replicas", file="grads.py",
+           old="        if placement.is_shard():\n            reduce_dims.append(mesh_dim)\n",
+           new="        if placement.is_shard() or placement.is_replicate():\n            reduce_dims.append(mesh_dim)\n",
+           scenarios=CLIP_SCENARIOS, why="sums the norm over HSDP replicas too"),
+    Mutant(name="clip_keeps_empty_shards", file="grads.py",
+           old="        t for t in tensors if t.numel() > 0\n", new="        t for t in tensors\n",
+           scenarios=CLIP_SCENARIOS, why="computes the inf norm of an empty local shard"),
+    Mutant(name="clip_scalar_on_cpu", file="grads.py",
+           old='    if "cpu" in served:\n', new="    if True:\n",
+           scenarios=CLIP_SCENARIOS, why="reduces the norm on the CPU whatever the group serves"),
+)
+
+
+def apply(mutant: Mutant, folder: Path) -> Path:
+    """A copy of fsdp_patches under ``folder`` with the one change; its path."""
+    target = folder / "fsdp_patches"
+    shutil.copytree(PATCHES, target, ignore=shutil.ignore_patterns("__pycache__"))
+    path = target / mutant.file
+    text = path.read_text()
+    assert text.count(mutant.old) == 1, f"{mutant.name}: the text to change must occur exactly once in {mutant.file}"
+    path.write_text(text.replace(mutant.old, mutant.new))
+    return target
+
+
+def run(mutant: Mutant, python: str, folder: Path, timeout_s: float) -> dict:
+    patches = apply(mutant, folder)
+    out = folder / "records.jsonl"
+    cmd = [python, "-m", "harness", "run", "--patches", str(patches), "--variant", "patched", "--variant",
+           "deployed", "--out", str(out), "--quiet", "--timeout", "30"]
+    for s in mutant.scenarios:
+        cmd += ["--scenario", s]
+    t0 = time.time()
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
+    records = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
+    caught = [f"{r['scenario']}[{r['variant']},w{r['world_size']}] {r['status']}" for r in records if not r["as_expected"]]
+    state = {0: "survived", 1: "killed"}.get(proc.returncode, "invalid")
+    if state == "invalid":
+        caught = [(proc.stderr.strip().splitlines() or ["?"])[-1]]
+    return {"mutant": mutant.name, "torch": mutant.torch, "state": state, "cells": len(records),
+            "caught by": caught, "seconds": round(time.time() - t0, 1), "why": mutant.why}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", action="append", default=[], help="run only these mutants")
+    parser.add_argument("--python-for", action="append", default=[], metavar="TORCH=PYTHON",
+                        help="the python whose torch is TORCH (default: this one for 2.13.0)")
+    parser.add_argument("--timeout", type=float, default=600)
+    args = parser.parse_args(argv)
+    pythons = {DEFAULT_TORCH: sys.executable} | dict(item.split("=", 1) for item in args.python_for)
+    chosen = [m for m in MUTANTS if not args.only or m.name in args.only]
+    rows = []
+    for mutant in chosen:
+        if mutant.torch not in pythons:
+            rows.append({"mutant": mutant.name, "torch": mutant.torch, "state": "not run", "cells": 0,
+                         "caught by": [f"no python for torch {mutant.torch} (--python-for)"], "seconds": 0,
+                         "why": mutant.why})
+            continue
+        with tempfile.TemporaryDirectory() as tmp:
+            rows.append(run(mutant, pythons[mutant.torch], Path(tmp), args.timeout))
+        r = rows[-1]
+        print(f"{r['mutant']:<28} torch {r['torch']:<7} {r['state']:<8} {r['cells']:>3} cells {r['seconds']:6.1f}s  "
+              f"{(r['caught by'] or [''])[0]}", flush=True)
+    killed = sum(r["state"] == "killed" for r in rows)
+    print(f"\n| mutant | torch | state | caught by (first of {max((len(r['caught by']) for r in rows), default=0)}) "
+          "| the mistake |\n|---|---|---|---|---|")
+    for r in rows:
+        first = r["caught by"][0] if r["caught by"] else ""
+        print(f"| {r['mutant']} | {r['torch']} | {r['state']} ({len(r['caught by'])} cells) | {first} | {r['why']} |")
+    print(f"\nkill ratio: {killed}/{len(rows)}")
+    return 0 if killed == len(rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
