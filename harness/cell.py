@@ -11,6 +11,7 @@ blocked in a collective on it fails at once instead of at the timeout.
 from __future__ import annotations
 
 import datetime
+import importlib.util
 import os
 import time
 import traceback
@@ -186,6 +187,9 @@ def _close_groups(*, failed: bool) -> None:
 
 
 def _skip_reason(cell: Cell, scenario: Scenario) -> str | None:
+    missing = [name for name in scenario.requires if importlib.util.find_spec(name) is None]
+    if missing:
+        return f"needs the Python package(s) {', '.join(missing)} (pip install 'fsdp-compat[hf]')"
     if cell.device == "cuda" and torch.cuda.device_count() < int(os.environ.get("LOCAL_WORLD_SIZE", cell.world_size)):
         return f"needs {cell.world_size} GPUs, {torch.cuda.device_count()} visible"
     needs = scenario.api if cell.variant == "api" else None

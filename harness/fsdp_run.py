@@ -23,7 +23,7 @@ from harness.gather import gather_full, plain_placements
 from harness.norm_group import rehome
 from harness.plan import Cell
 from harness.snapshot import StepSnapshot
-from harness.spec import Clip, Ctx, MicroBatch, Scenario
+from harness.spec import Clip, Ctx, MicroBatch, Scenario, move_batch
 
 __all__ = ["FsdpSide", "build_model", "train"]
 
@@ -36,15 +36,10 @@ def train(scenario: Scenario, cell: Cell, utilities: dict[str, Any], rank: int, 
     backward", ...), so a hang can be blamed on the rank that did not arrive."""
     device = torch.device(cell.device, torch.cuda.current_device()) if cell.device == "cuda" else torch.device("cpu")
     stamp("build model")
-    mesh = _mesh(cell)
+    mesh = init_device_mesh(cell.device, tuple(cell.mesh), mesh_dim_names=scenario.sharding.mesh_dim_names(world))
     model = build_model(scenario, mesh, cell.device)
     side = FsdpSide(scenario, cell, model, mesh, device, utilities, rank=rank, world=world, stamp=stamp)
     return recipe.train(scenario, side, side.named)
-
-
-def _mesh(cell: Cell) -> DeviceMesh:
-    names = ("replicate", "shard") if len(cell.mesh) == 2 else ("shard",)
-    return init_device_mesh(cell.device, tuple(cell.mesh), mesh_dim_names=names)
 
 
 def build_model(scenario: Scenario, mesh: DeviceMesh, device_type: str) -> nn.Module:
@@ -52,6 +47,12 @@ def build_model(scenario: Scenario, mesh: DeviceMesh, device_type: str) -> nn.Mo
     torch.manual_seed(scenario.seed)
     model = scenario.model()
     s = scenario.sharding
+    if s.prepare is not None:
+        s.prepare(model)
+    if s.tp > 1:
+        assert s.tp_plan is not None, f"{scenario.name}: Sharding.tp needs a tp_plan"
+        s.tp_plan(model, mesh["tp"])
+        mesh = mesh["dp"]
     kwargs: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": s.reshard_after_forward}
     if s.param_dtype is not None or s.reduce_dtype is not None:
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=s.param_dtype, reduce_dtype=s.reduce_dtype)
@@ -60,8 +61,10 @@ def build_model(scenario: Scenario, mesh: DeviceMesh, device_type: str) -> nn.Mo
     for fqn in s.units:
         fully_shard(model.get_submodule(fqn), **kwargs)
     fully_shard(model, **kwargs)
-    if s.reduce_scatter_unused_params and hasattr(model, "set_reduce_scatter_unused_params"):
-        model.set_reduce_scatter_unused_params(True)
+    if s.reduce_scatter_unused_params:
+        for module in model.modules():  # the setter does not reach child FSDP modules
+            if hasattr(module, "set_reduce_scatter_unused_params"):
+                module.set_reduce_scatter_unused_params(True)
     return model
 
 
@@ -76,15 +79,17 @@ class FsdpSide:
         self.named = dict(model.named_parameters())
         self.fast_gather = plain_placements(list(self.named.values()))
         self.step = 0
+        #: the data-parallel coordinates (tensor-parallel ranks of one dp index share their data)
+        self.dp_rank, self.dp_world = rank // scenario.sharding.tp, scenario.sharding.data_parallel(world)
 
     def micro_batch(self, step: int, k: int, micro_batch: MicroBatch) -> None:
         self.step = step
         self.model.set_requires_gradient_sync(micro_batch.sync)
-        if self.mesh.ndim == 2:
+        if self.scenario.sharding.replicate > 1:
             self.model.set_requires_all_reduce(micro_batch.all_reduce)
-        ctx = Ctx(rank=self.rank, world_size=self.world, step=step, micro_batch=k)
+        ctx = Ctx(rank=self.dp_rank, world_size=self.dp_world, step=step, micro_batch=k)
         torch.manual_seed(self.scenario.batch_seed(ctx))
-        batch = self.scenario.batch(ctx).to(self.device)
+        batch = move_batch(self.scenario.batch(ctx), self.device)
         self.stamp(f"step {step} micro-batch {k} forward")
         loss = self.scenario.forward(self.model, batch, ctx)
         self.stamp(f"step {step} micro-batch {k} backward")

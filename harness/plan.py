@@ -158,7 +158,9 @@ def plan_cells(
                     if (v == "patched" and not s.patches) or (v == "api" and s.api is None):
                         continue
                     expect = s.expected(variant=v, torch_version=version, device=d, world_size=ws)
-                    installs = {"patched": tuple(s.patches), "deployed": deployed_patches}.get(v, ())
+                    installs = {"patched": tuple(s.patches), "deployed": deployed_patches,
+                                # the API replaces its patches; the scenario's others stay
+                                "api": tuple(p for p in s.patches if s.api and p not in s.api.replaces)}.get(v, ())
                     cells.append(Cell(
                         index=len(cells), scenario=s.name, variant=v, device=d, backend=s.backend_for(d),
                         world_size=ws, mesh=s.sharding.mesh_shape(ws),

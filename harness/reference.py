@@ -24,7 +24,7 @@ from torch import nn
 
 from harness import recipe
 from harness.snapshot import StepSnapshot
-from harness.spec import Clip, Ctx, MicroBatch, Scenario, torch_release
+from harness.spec import Clip, Ctx, MicroBatch, Scenario, move_batch, torch_release
 
 __all__ = ["GLOO_AVG_SUMS", "ReferenceSide", "quirks_for", "run_reference"]
 
@@ -47,11 +47,12 @@ def quirks_for(*, torch_version: str, backend: str) -> list[str]:
 
 
 def run_reference(scenario: Scenario, world_size: int, *, quirks: list[str] | None = None) -> list[StepSnapshot]:
-    """Replay ``scenario`` at ``world_size`` data-parallel ranks in this process."""
+    """Replay ``scenario`` at ``world_size`` ranks (its data-parallel ones) in this process."""
     torch.manual_seed(scenario.seed)
     model = scenario.model()
     named = dict(model.named_parameters())
-    return recipe.train(scenario, ReferenceSide(scenario, model, world_size, quirks or []), named)
+    side = ReferenceSide(scenario, model, scenario.sharding.data_parallel(world_size), quirks or [])
+    return recipe.train(scenario, side, named)
 
 
 class ReferenceSide:
@@ -61,8 +62,8 @@ class ReferenceSide:
         self.scenario, self.model, self.world_size = scenario, model, world_size
         self.named = dict(model.named_parameters())
         self.divisor = world_size
-        if GLOO_AVG_SUMS in quirks:
-            self.divisor = world_size // scenario.sharding.mesh_shape(world_size)[-1]
+        if GLOO_AVG_SUMS in quirks:  # gloo summed over the shard group; only HSDP's replicate dim averaged
+            self.divisor = scenario.sharding.replicate
 
     def micro_batch(self, step: int, k: int, micro_batch: MicroBatch) -> None:
         for name, g in self._mean_over_ranks(step, k).items():
@@ -82,8 +83,7 @@ class ReferenceSide:
             replica = self.model
             if compute_dtype is not None:
                 replica = copy.deepcopy(self.model).to(compute_dtype)
-                if batch.is_floating_point():
-                    batch = batch.to(compute_dtype)
+                batch = move_batch(batch, float_dtype=compute_dtype)
             trainable = [(n, p) for n, p in replica.named_parameters() if p.requires_grad]
             loss = s.forward(replica, batch, ctx)
             grads = torch.autograd.grad(loss, [p for _, p in trainable], allow_unused=True)

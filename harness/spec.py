@@ -13,6 +13,7 @@ import dataclasses
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
@@ -33,6 +34,7 @@ __all__ = [
     "accumulate",
     "default_forward",
     "mean_square",
+    "move_batch",
     "torch_release",
     "UNUSED_PARAMS_API",
 ]
@@ -72,13 +74,20 @@ class Sharding:
 
     ``units`` are sub-module names that get their own ``fully_shard`` (in this order,
     before the root). ``replicate`` > 1 makes an HSDP mesh ``(replicate, world // replicate)``
-    with dims ("replicate", "shard"); 1 gives a 1-D FSDP mesh.
+    with dims ("replicate", "shard"); ``tp`` > 1 a 2-D mesh ``(world // tp, tp)`` with dims
+    ("dp", "tp"), where ``tp_plan(model, tp_mesh)`` applies tensor parallelism before
+    ``fully_shard`` over "dp" (the ranks of one "dp" index see the same data); else a 1-D
+    FSDP mesh. ``prepare(model)`` runs on the FSDP side before sharding (activation
+    checkpointing, ``torch.compile`` of blocks); it must keep parameter names.
     ``reduce_scatter_unused_params`` is the user's opt-in to the public API of that name
     (torch >= 2.13); where the API is absent a vanilla cell is skipped.
     """
 
     units: tuple[str, ...] = ()
     replicate: int = 1
+    tp: int = 1
+    tp_plan: Callable[[nn.Module, object], object] | None = None
+    prepare: Callable[[nn.Module], object] | None = None
     param_dtype: torch.dtype | None = None
     reduce_dtype: torch.dtype | None = None
     offload: bool = False
@@ -86,11 +95,25 @@ class Sharding:
     reduce_scatter_unused_params: bool = False
 
     def mesh_shape(self, world_size: int) -> tuple[int, ...]:
-        if self.replicate == 1:
+        split = self.tp if self.tp > 1 else self.replicate
+        if self.tp > 1 and self.replicate > 1:
+            raise ValueError("Sharding: tensor parallel with HSDP (tp and replicate both > 1) is not supported")
+        if split == 1:
             return (world_size,)
-        if world_size % self.replicate:
-            raise ValueError(f"world size {world_size} is not divisible by replicate={self.replicate}")
-        return (self.replicate, world_size // self.replicate)
+        if world_size % split:
+            raise ValueError(f"world size {world_size} is not divisible by {'tp' if self.tp > 1 else 'replicate'}"
+                             f"={split}")
+        return (world_size // self.tp, self.tp) if self.tp > 1 else (self.replicate, world_size // self.replicate)
+
+    def mesh_dim_names(self, world_size: int) -> tuple[str, ...]:
+        shape = self.mesh_shape(world_size)
+        if len(shape) == 1:
+            return ("shard",)
+        return ("dp", "tp") if self.tp > 1 else ("replicate", "shard")
+
+    def data_parallel(self, world_size: int) -> int:
+        """How many ranks see different data (tensor-parallel ranks share theirs)."""
+        return world_size // self.tp
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -194,6 +217,20 @@ def torch_release(version: str) -> Version:
     return Version(Version(version).base_version)
 
 
+def move_batch(batch: Any, device: torch.device | str | None = None, float_dtype: torch.dtype | None = None) -> Any:
+    """A batch (a tensor, or a dict / tuple / list of them) on ``device``, floating
+    tensors cast to ``float_dtype`` (what FSDP2's mixed precision does to the root's inputs)."""
+    if isinstance(batch, torch.Tensor):
+        if float_dtype is not None and batch.is_floating_point():
+            batch = batch.to(float_dtype)
+        return batch.to(device) if device is not None else batch
+    if isinstance(batch, dict):
+        return {k: move_batch(v, device, float_dtype) for k, v in batch.items()}
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(move_batch(v, device, float_dtype) for v in batch)
+    return batch
+
+
 def mean_square(output: torch.Tensor) -> torch.Tensor:
     """The loss most scenarios use: the mean squared output, reduced in fp32."""
     return output.float().square().mean()
@@ -248,6 +285,9 @@ class Scenario:
     expect: tuple[Expect, ...] = ()
     #: per-cell timeout; ``None`` takes the run's (``--timeout``, matrix.yaml ``timeout_s``, else 30 s)
     timeout_s: float | None = None
+    #: Python packages the scenario needs beyond torch (its cells are skipped, with the
+    #: reason, where one is missing), e.g. ("transformers",)
+    requires: tuple[str, ...] = ()
     seed: int = 0
 
     def __post_init__(self) -> None:

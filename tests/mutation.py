@@ -56,11 +56,11 @@ MUTANTS: tuple[Mutant, ...] = (
            new="filled = _zero_fill_unused_grads(self)",
            scenarios=(*A_SCENARIOS, *E_SCENARIOS), torch="2.12.1",
            why="pre-2.13 fill: zero-fills on no-sync micro-batches too"),
-    Mutant(name="a_fill_over_accumulated", file="unused_params.py",
-           old='        if getattr(fsdp_param, "unsharded_accumulated_grad", None) is not None:\n            continue\n',
-           new="",
+    Mutant(name="a_fill_sharded_shape", file="unused_params.py",
+           old="        zero = torch.zeros_like(unsharded)\n",
+           new="        zero = torch.zeros_like(fsdp_param.sharded_param)\n",
            scenarios=(*A_SCENARIOS, *E_SCENARIOS), torch="2.12.1",
-           why="pre-2.13 fill: overwrites grads accumulated over earlier micro-batches"),
+           why="pre-2.13 fill: zero grad shaped like the local shard, not the unsharded param"),
     Mutant(name="e_shard_group_only", file="unused_params.py",
            old='        getattr(group.mesh_info, "replicate_process_group", None),\n', new="",
            scenarios=E_SCENARIOS, why="decides 'unused' over the shard group only, not the replicas"),
@@ -68,10 +68,14 @@ MUTANTS: tuple[Mutant, ...] = (
            old="if not was_used and was_none and fsdp_param.sharded_param.grad is not None:",
            new="if not was_used and fsdp_param.sharded_param.grad is not None:",
            scenarios=E_SCENARIOS, why="also drops a grad that zero_grad(set_to_none=False) left"),
-    Mutant(name="e_usage_ignores_accumulated", file="unused_params.py",
-           old='    return getattr(fsdp_param, "unsharded_accumulated_grad", None) is not None\n',
-           new="    return False\n",
-           scenarios=E_SCENARIOS, why="misses usage that only survives in the accumulated grad (bf16/fp32)"),
+    Mutant(name="e_none_check_after_reduce", file="unused_params.py",
+           old="        grad_was_none = [p.sharded_param.grad is None for p in fsdp_params]\n"
+               "        used = _or_over_reduction_domain(self, local_used)\n"
+               "        result = current(self, *args, **kwargs)\n",
+           new="        used = _or_over_reduction_domain(self, local_used)\n"
+               "        result = current(self, *args, **kwargs)\n"
+               "        grad_was_none = [p.sharded_param.grad is None for p in fsdp_params]\n",
+           scenarios=E_SCENARIOS, why="checks 'no grad before' after the reduction has assigned one"),
     Mutant(name="b_widen_to_narrowest", file="reduce_dtype.py",
            old="    return functools.reduce(torch.promote_types, unique)\n",
            new="    return min(unique, key=lambda d: torch.finfo(d).bits)\n",
@@ -118,7 +122,7 @@ def apply(mutant: Mutant, folder: Path) -> Path:
     return target
 
 
-def run(mutant: Mutant, python: str, folder: Path, timeout_s: float) -> dict:
+def run(mutant: Mutant, python: str, folder: Path, timeout_s: float, keep: Path | None = None) -> dict:
     patches = apply(mutant, folder)
     out = folder / "records.jsonl"
     cmd = [python, "-m", "harness", "run", "--patches", str(patches), "--variant", "patched", "--variant",
@@ -128,6 +132,9 @@ def run(mutant: Mutant, python: str, folder: Path, timeout_s: float) -> dict:
     t0 = time.time()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
     records = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
+    if keep is not None and out.exists():
+        keep.mkdir(parents=True, exist_ok=True)
+        shutil.copy(out, keep / f"{mutant.name}.jsonl")
     caught = [f"{r['scenario']}[{r['variant']},w{r['world_size']}] {r['status']}" for r in records if not r["as_expected"]]
     state = {0: "survived", 1: "killed"}.get(proc.returncode, "invalid")
     if state == "invalid":
@@ -142,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--python-for", action="append", default=[], metavar="TORCH=PYTHON",
                         help="the python whose torch is TORCH (default: this one for 2.13.0)")
     parser.add_argument("--timeout", type=float, default=600)
+    parser.add_argument("--keep", type=Path, default=None, metavar="DIR", help="keep each mutant's records here")
     args = parser.parse_args(argv)
     pythons = {DEFAULT_TORCH: sys.executable} | dict(item.split("=", 1) for item in args.python_for)
     chosen = [m for m in MUTANTS if not args.only or m.name in args.only]
@@ -153,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
                          "why": mutant.why})
             continue
         with tempfile.TemporaryDirectory() as tmp:
-            rows.append(run(mutant, pythons[mutant.torch], Path(tmp), args.timeout))
+            rows.append(run(mutant, pythons[mutant.torch], Path(tmp), args.timeout, args.keep))
         r = rows[-1]
         print(f"{r['mutant']:<28} torch {r['torch']:<7} {r['state']:<8} {r['cells']:>3} cells {r['seconds']:6.1f}s  "
               f"{(r['caught by'] or [''])[0]}", flush=True)
