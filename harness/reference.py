@@ -11,7 +11,8 @@ steps it nor creates state for it. A parameter some rank used gets the mean over
 the others contributing zero.
 
 Mixed precision is emulated, not tolerated: each rank's forward and backward run on a
-copy of the model cast to ``param_dtype`` (inputs cast like FSDP2's root pre-forward),
+copy of the model whose parameters (not buffers) are cast to ``param_dtype`` (inputs cast
+like FSDP2's root pre-forward),
 and the per-rank gradients are upcast to ``reduce_dtype`` before they are averaged.
 """
 
@@ -55,6 +56,15 @@ def run_reference(scenario: Scenario, world_size: int, *, quirks: list[str] | No
     return recipe.train(scenario, side, named)
 
 
+def _cast_params(model: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """What FSDP2's ``MixedPrecisionPolicy(param_dtype=...)`` computes with: the parameters
+    cast, the buffers (rotary frequencies, ...) left as they are."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.data = p.data.to(dtype)
+    return model
+
+
 class ReferenceSide:
     """The recipe's ``Side`` in one process: every rank replayed, grads averaged by hand."""
 
@@ -82,7 +92,7 @@ class ReferenceSide:
             batch = s.batch(ctx)
             replica = self.model
             if compute_dtype is not None:
-                replica = copy.deepcopy(self.model).to(compute_dtype)
+                replica = _cast_params(copy.deepcopy(self.model), compute_dtype)
                 batch = move_batch(batch, float_dtype=compute_dtype)
             trainable = [(n, p) for n, p in replica.named_parameters() if p.requires_grad]
             loss = s.forward(replica, batch, ctx)

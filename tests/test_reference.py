@@ -98,3 +98,35 @@ def test_gloo_quirk_before_2_9_is_modelled_per_mesh_and_recorded():
     torch.testing.assert_close(summed, mean * 4)  # 1-D: the shard group sums
     hsdp = s.replace(sharding=Sharding(replicate=2), world_sizes=(2, 4))
     torch.testing.assert_close(run_reference(hsdp, 4, quirks=[GLOO_AVG_SUMS])[0].grads["weight"], mean * 2)
+
+
+class _WithBuffer(nn.Module):
+    """A float buffer used in forward, like rotary frequencies: FSDP2's mixed precision leaves it fp32."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+        self.register_buffer("scale", torch.tensor([1.0 + 2**-12] * 3))
+
+    def forward(self, x):
+        return self.lin(x) * self.scale.float()
+
+
+def test_bf16_emulation_casts_parameters_not_buffers():
+    from harness.spec import Sharding
+
+    s = Scenario(name="buf", model=_WithBuffer, batch=lambda ctx: torch.randn(2, 3), steps=1,
+                 sharding=Sharding(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))
+    (snap,) = run_reference(s, 1)
+    torch.manual_seed(0)
+    model = _WithBuffer()
+    replica = _WithBuffer()
+    replica.load_state_dict(model.state_dict())
+    for p in replica.parameters():
+        p.data = p.data.to(torch.bfloat16)
+    torch.manual_seed(s.batch_seed(Ctx(rank=0, world_size=1, step=0, micro_batch=0)))
+    x = s.batch(Ctx(rank=0, world_size=1, step=0, micro_batch=0)).to(torch.bfloat16)
+    loss = replica(x).float().square().mean()
+    (g,) = torch.autograd.grad(loss, [replica.lin.weight])
+    torch.testing.assert_close(snap.grads["lin.weight"], g.float(), rtol=0, atol=0)
+    assert replica.scale.dtype == torch.float32  # a bf16 buffer would round 1 + 2**-12 to 1
