@@ -113,6 +113,13 @@ def report(session: nox.Session) -> None:
                 env={"PYTHONPATH": str(ROOT)})
 
 
+@nox.session
+def diff(session: nox.Session) -> None:
+    """What changed between two runs: nox -s diff -- OLD NEW [--out FILE] (records or compat.csv)."""
+    session.install("pandas", "packaging", "tabulate", "jinja2")
+    session.run("python", "-m", "harness", "diff", *session.posargs, env={"PYTHONPATH": str(ROOT)})
+
+
 def _torch_env(session: nox.Session, torch: str, device: str) -> str:
     """A uv venv for ``torch`` (shared with the matrix cell's, so it is usually there); its python."""
     slug = torch.replace(".", "-")

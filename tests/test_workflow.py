@@ -3,7 +3,9 @@
 import json
 import os
 import subprocess
+import sys
 
+import pytest
 import yaml
 
 from tests.conftest import ROOT
@@ -14,6 +16,9 @@ WORKFLOW = ROOT / ".github" / "workflows" / "gpu-matrix.yml"
 def test_workflow_structure():
     wf = yaml.safe_load(WORKFLOW.read_text())
     assert set(wf["jobs"]) == {"plan", "matrix", "report"}
+    runs = [step.get("run", "") for step in wf["jobs"]["report"]["steps"]]
+    previous = next(i for i, r in enumerate(runs) if "gh run download" in r)
+    assert previous < runs.index("nox -s report")
     matrix = wf["jobs"]["matrix"]
     assert matrix["strategy"]["matrix"]["session"] == "${{ fromJSON(needs.plan.outputs.sessions) }}"
     assert any(step.get("run") == 'nox -s "${{ matrix.session }}"' for step in matrix["steps"])
@@ -34,9 +39,58 @@ def test_plan_step_lists_the_cuda_matrix_sessions(tmp_path):
     assert key == "sessions"
     assert "matrix(torch='2.13.0', device='cuda')" in sessions
     assert all("device='cuda'" in s for s in sessions)
-    import sys
-
     sys.path.insert(0, str(ROOT))
     from harness.matrix import load_matrix
 
     assert len(sessions) == len(load_matrix(ROOT / "matrix.yaml").device("cuda").torch)
+
+
+def _summary_step():
+    wf = yaml.safe_load(WORKFLOW.read_text())
+    (step,) = [s for s in wf["jobs"]["report"]["steps"] if "GITHUB_STEP_SUMMARY" in s.get("run", "")]
+    return step["run"]
+
+
+def _fake_nox(tmp_path):
+    """``nox -s diff -- ARGS`` as ``python -m harness diff ARGS`` (no venv to build in a test)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    nox = bin_dir / "nox"
+    nox.write_text(f'#!/bin/sh\n[ "$1 $2 $3" = "-s diff --" ] || exit 9\nshift 3\n'
+                   f'PYTHONPATH={ROOT} exec {sys.executable} -m harness diff "$@"\n')
+    nox.chmod(0o755)
+    return bin_dir
+
+
+@pytest.mark.parametrize("worse", [False, True])
+def test_the_summary_puts_what_changed_since_the_last_run_first(tmp_path, worse):
+    from harness.report import build_report
+    from tests.test_diff import _cell, _run
+
+    old = build_report([_run(tmp_path, "old", _cell("2.14.1", "error"))], tmp_path / "previous")
+    new_cell = _cell("2.14.1", "error", "mismatch") if worse else _cell("2.14.1", "pass")
+    build_report([_run(tmp_path, "new", new_cell)], tmp_path / "reports")
+    assert old["csv"] == tmp_path / "previous" / "compat.csv"
+    summary = tmp_path / "summary.md"
+    env = {**os.environ, "GITHUB_STEP_SUMMARY": str(summary), "PATH": f"{_fake_nox(tmp_path)}:{os.environ['PATH']}"}
+    res = subprocess.run(["bash", "-ec", _summary_step()], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, res.stderr
+    text = summary.read_text()
+    assert text.startswith("## Changes:")
+    assert text.index("## Changes:") < text.index((tmp_path / "reports" / "compat.md").read_text().splitlines()[0])
+    assert ("::warning::" in res.stdout) == worse
+    assert ("### Got worse" in text) == worse and ("### Newly fixed upstream" in text) != worse
+
+
+def test_the_summary_says_when_there_is_no_previous_run(tmp_path):
+    from harness.report import build_report
+    from tests.test_diff import _cell, _run
+
+    build_report([_run(tmp_path, "new", _cell("2.14.1", "pass"))], tmp_path / "reports")
+    summary = tmp_path / "summary.md"
+    env = {**os.environ, "GITHUB_STEP_SUMMARY": str(summary)}
+    res = subprocess.run(["bash", "-ec", _summary_step()], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert summary.read_text().startswith("No earlier successful run to compare with.")
