@@ -95,6 +95,8 @@ def load_side(path: str | Path) -> Side:
         tables = build_tables([p])
         cells, patches = tables.cells, tables.patches
     cells = cells.assign(torch=[release(str(t)) for t in cells["torch"]], world_size=cells["world_size"].astype(int))
+    statuses = [v for v in VARIANTS if v in cells.columns]
+    cells = cells[cells[statuses].astype(str).ne("").any(axis=1)]  # cells that ran, not the grid's empty places
     patches = patches.assign(torch=[release(str(t)) for t in patches["torch"]])
     return Side(cells=cells, patches=patches, label=str(path))
 
@@ -121,9 +123,7 @@ def diff_runs(old: Side, new: Side) -> RunDiff:
     a = old.cells.set_index(KEY)
     b = new.cells.set_index(KEY)
     for key in a.index.difference(b.index):
-        row = a.loc[key]
-        if _ran(row):
-            d.gone.append(f"{_where(dict(zip(KEY, key)) | dict(row))}: was {row['verdict']}")
+        d.gone.append(f"{_where(dict(zip(KEY, key)) | dict(a.loc[key]))}: was {a.loc[key]['verdict']}")
     for key in b.index.difference(a.index):
         row = dict(zip(KEY, key)) | dict(b.loc[key])
         d.added.append(f"{_where(row)}: {row['verdict']} ({_statuses(row)})")
@@ -149,10 +149,6 @@ def _as_upgrade(side: Side, old: str, new: str) -> Side:
     label = f"torch {old} → {new}"
     return Side(cells=side.cells.assign(torch=label), patches=side.patches.assign(torch=label),
                 label=f"{side.label} (torch {side.cells['torch'].iloc[0]})")
-
-
-def _ran(row) -> bool:
-    return any(str(row.get(v, "")) for v in VARIANTS) and row.get("verdict") != "not run"
 
 
 def _patches(old: Side, new: Side, d: RunDiff) -> None:
