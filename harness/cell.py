@@ -49,13 +49,25 @@ class CellRun:
     snapshot: TorchSnapshot | None = None
     #: patch set -> the cell whose install of it hung (it is not retried)
     hung_sets: dict[tuple[str, ...], int] = field(default_factory=dict)
+    #: forks the processes of cells that may abort (``harness.forked.Zygote``); None: run them here
+    zygote: Any = None
 
     def cell(self, cell: Cell, *, slot_rank0: int, rank: int) -> bool:
-        """Run ``cell`` as rank ``rank`` of its slot; False when the launch must end."""
-        prefix, t0 = f"{self.plan.launch_id}/{cell.index}", time.time()
+        """Run ``cell`` as rank ``rank`` of its slot; False when the launch must end.
+
+        A cell that may abort the process (a documented crash or hang) runs in a forked
+        process per rank on CPU (``harness.forked``), so an abort costs the cell, not the launch."""
+        t0 = time.time()
         if rank == 0:
             record.mark_progress(self.plan.progress_path, cell.index, "start",
                                  ranks=list(range(slot_rank0, slot_rank0 + cell.world_size)))
+        if cell.risk >= 2 and cell.device == "cpu" and self.zygote is not None:
+            return self.zygote.run_cell(self, cell, slot_rank0=slot_rank0, rank=rank, t0=t0)
+        return self.run(cell, slot_rank0=slot_rank0, rank=rank, t0=t0)
+
+    def run(self, cell: Cell, *, slot_rank0: int, rank: int, t0: float) -> bool:
+        """The cell itself, in this process."""
+        prefix = f"{self.plan.launch_id}/{cell.index}"
         self.watchdog.arm(cell.timeout_s)
         observed, outcome, fields = None, peers.RankOutcome(rank=rank, ok=True), {}
         try:
@@ -75,6 +87,15 @@ class CellRun:
             recorded = peers.wait(self.store, [f"{prefix}/recorded"], t0 + cell.timeout_s + 30 - time.time())
             self.watchdog.disarm()
             return recorded and not self.store.check([f"{prefix}/abandoned"])
+        missing = self.judge(cell, t0=t0, observed=observed, fields=fields, slot_rank0=slot_rank0)
+        self.watchdog.disarm()
+        return not missing
+
+    def judge(self, cell: Cell, *, t0: float, observed: list[StepSnapshot] | None, fields: dict[str, Any],
+              slot_rank0: int) -> list[int]:
+        """The slot's first rank: collect every rank's outcome, judge, write the record.
+        Returns the ranks that never reported."""
+        prefix = f"{self.plan.launch_id}/{cell.index}"
         deadline = t0 + cell.timeout_s + _REPORT_GRACE_S
         outcomes, missing = peers.collect_outcomes(self.store, prefix, cell.world_size, max(1.0, deadline - time.time()))
         if missing:  # a rank is stuck where the watchdog cannot reach: this launch must end
@@ -87,8 +108,7 @@ class CellRun:
                                 **fields)
         record.append(self.plan.out_path, record.finish(rec, t0))
         self.store.set(f"{prefix}/recorded", "1")
-        self.watchdog.disarm()
-        return not missing
+        return missing
 
     # -- steps ------------------------------------------------------------------------
     def _prepare(self, cell: Cell) -> dict[str, Any]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-__all__ = ["crash_cause", "fatal_signal", "tail"]
+__all__ = ["crash_cause", "fatal_signal", "last_what", "tail"]
 
 #: the first line Python's faulthandler writes for each fatal signal
 _FATAL = {"Aborted": (6, "SIGABRT"), "Segmentation fault": (11, "SIGSEGV"), "Bus error": (7, "SIGBUS"),
@@ -62,3 +62,10 @@ def fatal_signal(crash_file: Path, log_path: Path, rank: int) -> tuple[str, str]
     what = _WHAT.search(text)
     detail = f": {what.group(1).strip()[:400]}" if what else ""
     return "Signal", f"rank {rank} died: signal {fatal[0]} ({fatal[1]}){detail}"
+
+
+def last_what(log_path: Path) -> str | None:
+    """The last C++ ``what()`` line of a log (the exception that aborted a process)."""
+    text = log_path.read_text(errors="replace") if log_path.exists() else ""
+    found = _WHAT.findall(text)
+    return found[-1].strip()[:400] if found else None

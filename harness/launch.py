@@ -147,6 +147,7 @@ def _launch(cells: list[Cell], opts: LaunchOptions, result: RunResult) -> list[C
         patches_module=opts.patches_module, patches_module_id=opts.patches_module_id,
         patch_mapping=opts.patch_mapping, out_path=str(opts.out_path.resolve()),
         progress_path=str((opts.log_dir / f"{launch_id}.progress").resolve()), phase_dir=str(opts.log_dir.resolve()),
+        log_path=str((opts.log_dir / f"{launch_id}.log").resolve()),
         scenario_dirs=[str(Path(d).resolve()) for d in opts.scenario_dirs],
         dump_dir=str(opts.dump_dir.resolve()) if opts.dump_dir else None, cells=cells, stages=stages(cells, world),
     )

@@ -20,7 +20,8 @@ import torch.distributed as dist
 
 from harness.watchdog import phase_key
 
-__all__ = ["RankOutcome", "all_reported", "blame", "collect_outcomes", "post", "shutdown_peer_sockets", "wait"]
+__all__ = ["RankOutcome", "all_reported", "blame", "collect_outcomes", "connect_store", "post", "shutdown_peer_sockets",
+           "unblock", "wait"]
 
 _COMM_FAILURE_MARKERS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
 _TIMEOUT_MARKERS = ("timed out", "Timed out", "timeout after", "Timeout")
@@ -47,6 +48,16 @@ class RankOutcome:
     @property
     def timed_out(self) -> bool:
         return self.exc_type == "CellTimeout" or any(m in (self.exc_msg or "") for m in _TIMEOUT_MARKERS)
+
+
+def connect_store(world: int, *, client_only: bool = False) -> dist.Store:
+    """A client of the store torchrun's agent hosts (or rank 0 hosts one without an agent)."""
+    use_agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+    return dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+        is_master=(not use_agent and not client_only and int(os.environ["RANK"]) == 0),
+        timeout=datetime.timedelta(seconds=120), wait_for_workers=False,
+    )
 
 
 def post(store: dist.Store, prefix: str, outcome: RankOutcome) -> None:
@@ -93,6 +104,12 @@ def blame(outcomes: list[RankOutcome], missing: dict[int, str | None], timeout_s
     phase is furthest behind; the message says where every rank was.
     """
     failed = [o for o in outcomes if not o.ok]
+    dead = [o for o in failed if o.exc_type == "Signal"]  # a forked cell's process killed by a signal
+    if dead:
+        first = min(dead, key=lambda o: (o.t_fail or 0.0, o.rank))
+        return dict(status="crash", exc_type="Signal", exc_msg=first.exc_msg, failing_rank=first.rank,
+                    traceback=first.traceback, failed_ranks=sorted(o.rank for o in failed),
+                    rank_errors={str(o.rank): f"{o.exc_type}: {o.exc_msg}" for o in failed})
     own = [o for o in failed if not o.comm_failure and not o.timed_out]
     phases = {o.rank: o.phase for o in outcomes} | missing
     where = "; ".join(f"rank {r} in {p!r}" for r, p in sorted(phases.items()) if p)
@@ -125,6 +142,18 @@ def _whereabouts(o: RankOutcome) -> str:
     if o.comm_failure:
         return f"rank {o.rank} lost its peers during {o.phase!r}"
     return f"rank {o.rank} failed during {o.phase!r}: {o.exc_type}"
+
+
+def unblock() -> None:
+    """At a cell's deadline: release this rank from a blocked collective (gloo: shut its
+    sockets; NCCL: abort the communicators)."""
+    shutdown_peer_sockets()
+    abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
+    if abort is not None and dist.is_initialized() and dist.get_backend() != "gloo":
+        try:
+            abort()
+        except Exception:
+            pass
 
 
 def shutdown_peer_sockets() -> bool:

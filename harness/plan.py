@@ -86,6 +86,8 @@ class LaunchPlan:
     progress_path: str
     #: each rank stamps its phase into ``<phase_dir>/<launch_id>.rank<r>.phase``
     phase_dir: str = ""
+    #: the launch's log (what the ranks print), read for the message of a process that aborted
+    log_path: str = ""
     scenario_dirs: list[str] = field(default_factory=list)
     dump_dir: str | None = None
     cells: list[Cell] = field(default_factory=list)

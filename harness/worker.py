@@ -18,16 +18,15 @@ Usage (by the launcher): ``torchrun ... -m harness.worker --plan PLAN.json``
 from __future__ import annotations
 
 import argparse
-import datetime
 import faulthandler
 import os
 import sys
 
 import torch
-import torch.distributed as dist
 
 from harness import peers
 from harness.cell import CellRun
+from harness.forked import Zygote
 from harness.isolation import preload
 from harness.plan import LaunchPlan
 from harness.procs import die_with_parent
@@ -49,11 +48,13 @@ def main(argv: list[str] | None = None) -> None:
         faulthandler.enable(file=open(plan.crash_file(rank), "w"))  # noqa: SIM115 (kept open for the process)
     if plan.device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    store = _connect_store(world)
-    watchdog = Watchdog(plan.phase_file(rank) if plan.phase_dir else None, on_expire=_unblock)
     scenarios = load_scenarios(plan.scenario_dirs).scenarios
     preload()  # before the first cell's deadline runs
-    run = CellRun(plan=plan, store=store, watchdog=watchdog, scenarios=scenarios)
+    # before any cell, thread or store connection: cells that may abort run in its forks
+    zygote = Zygote.start(plan, scenarios) if any(c.risk >= 2 and c.device == "cpu" for c in plan.cells) else None
+    store = peers.connect_store(world)
+    watchdog = Watchdog(plan.phase_file(rank) if plan.phase_dir else None, on_expire=peers.unblock)
+    run = CellRun(plan=plan, store=store, watchdog=watchdog, scenarios=scenarios, zygote=zygote)
     for n, stage in enumerate(plan.stages):
         slot, local = divmod(rank, stage.world_size)
         for index in stage.cells_of(slot):
@@ -62,28 +63,6 @@ def main(argv: list[str] | None = None) -> None:
         store.set(f"{plan.launch_id}/stage{n}/{rank}", "done")
         peers.wait(store, [f"{plan.launch_id}/stage{n}/{r}" for r in range(world)], 24 * 3600)
     _exit(0)  # avoids the frequent abort at interpreter exit after destroy_process_group()
-
-
-def _connect_store(world: int) -> dist.Store:
-    """A client of the store torchrun's agent hosts (or rank 0 hosts one without an agent)."""
-    use_agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
-    return dist.TCPStore(
-        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
-        is_master=(not use_agent and int(os.environ["RANK"]) == 0),
-        timeout=datetime.timedelta(seconds=120), wait_for_workers=False,
-    )
-
-
-def _unblock() -> None:
-    """At a cell's deadline: release this rank from a blocked collective (gloo: shut its
-    sockets; NCCL: abort the communicators)."""
-    peers.shutdown_peer_sockets()
-    abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
-    if abort is not None and dist.is_initialized() and dist.get_backend() != "gloo":
-        try:
-            abort()
-        except Exception:
-            pass
 
 
 def _exit(code: int) -> None:

@@ -52,8 +52,9 @@ def test_faults_are_classified_within_their_timeout_and_later_cells_run(tmp_path
     error = by["fault_raise"]
     assert error.status == "error" and error.failing_rank == 1 and "planted failure" in error.exc_msg
     assert error.duration_s <= 2  # the blocked peer fails at once, not at the timeout
-    # hangs are caught inside the worker: the cells after them ran in the same launch
-    assert hang.launch_id == one.launch_id == by["fault_after"].launch_id != "launcher"
+    # hangs are caught inside the worker, and the abort ran in a forked child of each rank:
+    # every cell, the ones after them included, ran in the same launch
+    assert hang.launch_id == one.launch_id == crash.launch_id == by["fault_after"].launch_id != "launcher"
     assert by["fault_after"].status == "pass"
     assert len((tmp_path / "r.jsonl").read_text().splitlines()) == len(cells)
     assert wall < 2 * timeout + 60
@@ -181,3 +182,20 @@ def test_a_broken_scenario_file_is_named_recorded_and_the_others_run(tmp_path):
     broken = {r["scenario"]: r for r in records if r["exc_type"] == "ScenarioLoadError"}
     assert set(broken) == {"oops_syntax", "oops_raises"} and not any(r["as_expected"] for r in broken.values())
     assert {r["status"] for r in records if r["scenario"] == "fine"} == {"pass"}
+
+
+def test_cells_that_may_abort_run_after_backward_on_a_cuda_build_of_torch(tmp_path):
+    """CUDA builds of torch (2.11+) refuse autograd in a process forked after FSDP2 ran a
+    backward: the abort-prone cells must be forked from the zygote, not from the worker."""
+    python = ROOT / ".nox" / "matrix-torch-2-15-0-device-cpu" / "bin" / "python"
+    if not python.exists():
+        pytest.skip("needs the torch 2.15.0 (CUDA build) venv of `nox -s matrix`")
+    out = tmp_path / "r.jsonl"
+    subprocess.run([str(python), "-m", "harness", "run", "--quiet", "--scenario", "plain", "--scenario",
+                    "a_rank_divergent", "--variant", "vanilla", "--world-size", "2", "--out", str(out)],
+                   cwd=ROOT, timeout=300, check=False, capture_output=True)
+    records = {r["scenario"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert records["plain"]["status"] == "pass"
+    crash = records["a_rank_divergent"]
+    assert crash["status"] == "crash" and crash["as_expected"], crash["exc_msg"]
+    assert crash["launch_id"] == records["plain"]["launch_id"]
