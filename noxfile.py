@@ -44,6 +44,9 @@ def matrix(session: nox.Session, torch: str, device: str) -> None:
     if device == "cuda" and not _gpu_visible():
         session.skip("no GPU visible on this machine (nvidia-smi finds none)")
     session.install(*torch_install_args(torch, device, Path(session.virtualenv.location) / ".fsdp-compat"))
+    transformers = MATRIX.transformers_for(torch)
+    if transformers:  # the hf_ scenario pack; without it those cells are skipped with the reason
+        session.install(f"transformers=={transformers}")
     out = RUNS / device / f"torch-{torch}.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
     for old in out.parent.glob(f"torch-{torch}*.jsonl"):
@@ -99,8 +102,8 @@ def _install_project(session: nox.Session, *extras: str) -> None:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """The test suite on torch 2.13.0 (CPU)."""
-    _install_project(session, "test")
+    """The test suite on torch 2.13.0 (CPU), the hf_ pack included."""
+    _install_project(session, "test", "hf")
     session.run("python", "-m", "pytest", "-n", "2", "-q", *session.posargs)
 
 

@@ -20,8 +20,8 @@ __all__ = ["export_script"]
 
 HARNESS = Path(__file__).resolve().parent
 #: harness modules the standalone script needs (all depend on torch alone)
-HARNESS_MODULES = ("names", "imports", "spec", "snapshot", "plan", "recipe", "reference", "compare", "norm_group",
-                   "gather", "fsdp_run", "patch_source", "patching", "registry")
+HARNESS_MODULES = ("names", "imports", "apis", "sharding", "spec", "snapshot", "plan", "recipe", "reference",
+                   "compare", "norm_group", "gather", "fsdp_run", "patch_source", "patching", "registry")
 EXPORTED_PATCHES = "_exported_patches"
 _SCENARIO_IMPORT = re.compile(r"^\s*(?:from|import)\s+(scenarios\.[\w.]+)", re.M)
 

@@ -16,7 +16,7 @@ from harness.catalog import Catalog, read_catalog
 
 __all__ = ["DeviceMatrix", "Matrix", "load_matrix", "parse_matrix"]
 
-_TOP_KEYS = {"patches", "patch_map", "scenarios", "world_sizes", "timeout_s", "devices"}
+_TOP_KEYS = {"patches", "patch_map", "scenarios", "world_sizes", "timeout_s", "devices", "transformers"}
 _DEVICE_KEYS = {"torch", "world_sizes", "timeout_s"}
 _DEVICES = ("cpu", "cuda")
 _VERSION = re.compile(r"^\d+\.\d+\.\d+$")
@@ -36,6 +36,14 @@ class Matrix:
     patch_map: dict[str, str] = field(default_factory=dict)
     scenarios: tuple[str, ...] | None = None  # None = all
     devices: tuple[DeviceMatrix, ...] = ()
+    #: torch version range -> transformers release for the hf_ pack
+    transformers: dict[str, str] = field(default_factory=dict)
+
+    def transformers_for(self, torch_version: str) -> str | None:
+        """The transformers release the hf_ pack installs beside ``torch_version`` (None: the pack is skipped)."""
+        from packaging.specifiers import SpecifierSet
+
+        return next((v for spec, v in self.transformers.items() if torch_version in SpecifierSet(spec)), None)
 
     def cells(self) -> list[tuple[str, str]]:
         """(torch version, device) pairs, one nox session each."""
@@ -138,7 +146,23 @@ def parse_matrix(data: Any, name: str = "matrix.yaml") -> Matrix:
                 timeout_s=_timeout(settings["timeout_s"], f"{where}.timeout_s") if "timeout_s" in settings else timeout,
             )
         )
-    return Matrix(patches=patches, patch_map=dict(patch_map), scenarios=chosen, devices=tuple(parsed))
+    return Matrix(patches=patches, patch_map=dict(patch_map), scenarios=chosen, devices=tuple(parsed),
+                  transformers=_ranges(data.get("transformers", {}), f"{name}: 'transformers'"))
+
+
+def _ranges(value: Any, where: str) -> dict[str, str]:
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+    if not isinstance(value, dict):
+        raise ValueError(f"{where} must map torch version ranges (\">=2.6\") to releases (\"5.24.0\")")
+    for spec, release in value.items():
+        try:
+            SpecifierSet(str(spec))
+        except InvalidSpecifier:
+            raise ValueError(f"{where}: bad torch version range {spec!r}") from None
+        if not isinstance(release, str) or not _VERSION.match(release):
+            raise ValueError(f"{where}: bad release {release!r} for {spec!r} (write it as a quoted \"X.Y.Z\")")
+    return {str(k): v for k, v in value.items()}
 
 
 def _no_unknown(d: dict, allowed: set[str], where: str) -> None:

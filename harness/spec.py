@@ -20,7 +20,9 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import Version
 from torch import nn
 
+from harness.apis import UNUSED_PARAMS_API, PublicApi
 from harness.names import DEVICES, VARIANTS, parse_statuses
+from harness.sharding import Sharding
 
 __all__ = [
     "Clip",
@@ -69,63 +71,25 @@ def accumulate(n: int, *, last_sync: bool = True) -> tuple[MicroBatch, ...]:
 
 
 @dataclass(kw_only=True, frozen=True)
-class Sharding:
-    """How ``fully_shard`` is applied.
-
-    ``units`` are sub-module names that get their own ``fully_shard`` (in this order,
-    before the root). ``replicate`` > 1 makes an HSDP mesh ``(replicate, world // replicate)``
-    with dims ("replicate", "shard"); ``tp`` > 1 a 2-D mesh ``(world // tp, tp)`` with dims
-    ("dp", "tp"), where ``tp_plan(model, tp_mesh)`` applies tensor parallelism before
-    ``fully_shard`` over "dp" (the ranks of one "dp" index see the same data); else a 1-D
-    FSDP mesh. ``prepare(model)`` runs on the FSDP side before sharding (activation
-    checkpointing, ``torch.compile`` of blocks); it must keep parameter names.
-    ``reduce_scatter_unused_params`` is the user's opt-in to the public API of that name
-    (torch >= 2.13); where the API is absent a vanilla cell is skipped.
-    """
-
-    units: tuple[str, ...] = ()
-    replicate: int = 1
-    tp: int = 1
-    tp_plan: Callable[[nn.Module, object], object] | None = None
-    prepare: Callable[[nn.Module], object] | None = None
-    param_dtype: torch.dtype | None = None
-    reduce_dtype: torch.dtype | None = None
-    offload: bool = False
-    reshard_after_forward: bool = True
-    reduce_scatter_unused_params: bool = False
-
-    def mesh_shape(self, world_size: int) -> tuple[int, ...]:
-        split = self.tp if self.tp > 1 else self.replicate
-        if self.tp > 1 and self.replicate > 1:
-            raise ValueError("Sharding: tensor parallel with HSDP (tp and replicate both > 1) is not supported")
-        if split == 1:
-            return (world_size,)
-        if world_size % split:
-            raise ValueError(f"world size {world_size} is not divisible by {'tp' if self.tp > 1 else 'replicate'}"
-                             f"={split}")
-        return (world_size // self.tp, self.tp) if self.tp > 1 else (self.replicate, world_size // self.replicate)
-
-    def mesh_dim_names(self, world_size: int) -> tuple[str, ...]:
-        shape = self.mesh_shape(world_size)
-        if len(shape) == 1:
-            return ("shard",)
-        return ("dp", "tp") if self.tp > 1 else ("replicate", "shard")
-
-    def data_parallel(self, world_size: int) -> int:
-        """How many ranks see different data (tensor-parallel ranks share theirs)."""
-        return world_size // self.tp
-
-
-@dataclass(kw_only=True, frozen=True)
 class Optim:
-    """AdamW settings (the optimizer every scenario uses)."""
+    """The optimizer: AdamW by default; ``kind="sgd"`` (with momentum, so it keeps state)
+    where AdamW's division by ``sqrt(v) + eps`` would blow rounding noise in near-zero
+    grads (symmetric batches) up into visible parameter differences."""
 
+    kind: str = "adamw"
     lr: float = 1e-2
     weight_decay: float = 0.1
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
 
-    def build(self, params) -> torch.optim.AdamW:
+    def __post_init__(self) -> None:
+        if self.kind not in ("adamw", "sgd"):
+            raise ValueError(f"Optim.kind: {self.kind!r} is not 'adamw' or 'sgd'")
+
+    def build(self, params) -> torch.optim.Optimizer:
+        if self.kind == "sgd":
+            return torch.optim.SGD(params, lr=self.lr, momentum=self.betas[0], weight_decay=self.weight_decay)
+        assert self.kind == "adamw", self.kind
         return torch.optim.AdamW(params, lr=self.lr, betas=self.betas, eps=self.eps, weight_decay=self.weight_decay)
 
 
@@ -181,35 +145,6 @@ class Expect:
 
 #: What a cell is expected to do when no ``Expect`` matches it.
 PASS = Expect(status="pass", variants=VARIANTS)
-
-
-@dataclass(kw_only=True, frozen=True)
-class PublicApi:
-    """A public torch API that does what a patch does: the ``api`` variant turns it on
-    (through the ``Sharding`` fields in ``sharding``) on stock torch, and where it fixes
-    what the patch fixes, the report says "replace the patch with this call"."""
-
-    name: str
-    since: str
-    replaces: tuple[str, ...]
-    sharding: dict[str, object] = field(default_factory=dict)
-
-    def available(self) -> bool:
-        import importlib
-
-        owner, _, attr = self.name.rpartition(".")
-        try:
-            return hasattr(getattr(importlib.import_module("torch.distributed.fsdp"), owner), attr)
-        except (ImportError, AttributeError):
-            return False
-
-    def describe(self) -> str:
-        return f"{self.name} (torch >= {self.since})"
-
-
-#: From torch 2.13 FSDP2 can reduce-scatter unused parameters itself (zero-filled).
-UNUSED_PARAMS_API = PublicApi(name="FSDPModule.set_reduce_scatter_unused_params", since="2.13",
-                              replaces=("unused_param_reduction",), sharding={"reduce_scatter_unused_params": True})
 
 
 def torch_release(version: str) -> Version:

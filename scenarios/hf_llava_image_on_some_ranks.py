@@ -12,7 +12,7 @@ SCENARIO = LLAVA.replace(
     batch=_hf.llava_batch(with_image=lambda ctx: ctx.rank == 0),
     schedule=LLAVA.schedule[1:],
     sharding=LLAVA.sharding.__class__(units=_hf.LLAVA_UNITS),
-    world_sizes=(2, 4),
+    world_sizes=(2,),
     timeout_s=10,
     expect=(Expect(status="crash|error|hang", variants=("vanilla", "patched"),
                    why="the ranks issue different all-gathers: no patch can fix this"),),

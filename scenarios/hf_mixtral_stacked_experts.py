@@ -12,6 +12,7 @@ SCENARIO = Scenario(
     model=_hf.mixtral,
     batch=_hf.rows_of(lambda ctx: (3 + ctx.rank, 40 + 7 * ctx.rank)),
     forward=_hf.lm_loss,
+    optimizer=_hf.SGD,
     sharding=Sharding(units=_hf.LLAMA_UNITS),
     requires=_hf.REQUIRES,
 )

@@ -77,6 +77,15 @@ def test_a_documented_hang_is_balanced_and_a_certain_crash_runs_last_alone():
     assert names == [[["hangs"], ["b"]], [["crashy"]]]
 
 
+def test_the_api_variant_keeps_the_patches_the_api_does_not_replace():
+    from harness.spec import UNUSED_PARAMS_API
+
+    s = _s("moe", world_sizes=(2,), patches=("unused_param_reduction", "restore_unused_param_grads"),
+           api=UNUSED_PARAMS_API)
+    (api,) = plan_cells([s], world_sizes=None, devices=["cpu"], variants=["api"], explicit_scenarios=False)
+    assert api.patches == ("restore_unused_param_grads",) and api.api_replaces == ("unused_param_reduction",)
+
+
 def test_launch_plan_roundtrip(tmp_path):
     cells = plan_cells([A], world_sizes=None, devices=["cpu"], variants=["patched"], explicit_scenarios=False)
     plan = LaunchPlan(run_id="r", launch_id="l", device="cpu", world_size=1, patches_module="m",

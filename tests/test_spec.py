@@ -1,4 +1,5 @@
 import pytest
+import torch
 
 from harness.spec import Ctx, Expect, MicroBatch, Scenario, Sharding, accumulate, torch_release
 from scenarios._models import MLP, randn_batch
@@ -66,3 +67,33 @@ def test_batch_seed_differs_by_rank_step_micro_batch():
 
 def test_torch_release_drops_local_label():
     assert str(torch_release("2.13.0+cpu")) == "2.13.0"
+
+
+def test_tensor_parallel_mesh_and_data_parallel_ranks():
+    s = Sharding(tp=2, tp_plan=lambda model, mesh: None)
+    assert s.mesh_shape(4) == (2, 2) and s.mesh_dim_names(4) == ("dp", "tp") and s.data_parallel(4) == 2
+    assert Sharding(replicate=2).mesh_dim_names(4) == ("replicate", "shard") and Sharding().data_parallel(4) == 4
+    with pytest.raises(ValueError, match="not divisible by tp=2"):
+        s.mesh_shape(3)
+    with pytest.raises(ValueError, match="tensor parallel with HSDP"):
+        Sharding(tp=2, replicate=2).mesh_shape(4)
+
+
+def test_optimizer_kinds():
+    from harness.spec import Optim
+
+    params = [torch.nn.Parameter(torch.ones(2))]
+    assert type(Optim().build(params)).__name__ == "AdamW"
+    assert type(Optim(kind="sgd").build(params)).__name__ == "SGD"
+    with pytest.raises(ValueError, match="Optim.kind: 'adam' is not 'adamw' or 'sgd'"):
+        Optim(kind="adam")
+
+
+def test_batches_move_as_dicts_and_only_floats_are_cast():
+    import torch as t
+
+    from harness.spec import move_batch
+
+    batch = {"input_ids": t.ones(2, 3, dtype=t.long), "pixel_values": t.ones(2, 3)}
+    moved = move_batch(batch, "cpu", t.bfloat16)
+    assert moved["input_ids"].dtype == t.long and moved["pixel_values"].dtype == t.bfloat16

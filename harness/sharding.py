@@ -1,0 +1,60 @@
+"""How a scenario applies ``fully_shard``: units, mesh (FSDP, HSDP, or tensor parallel x
+FSDP), mixed precision, offload, and the public unused-parameter opt-in."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+__all__ = ["Sharding"]
+
+
+@dataclass(kw_only=True, frozen=True)
+class Sharding:
+    """How ``fully_shard`` is applied.
+
+    ``units`` are sub-module names that get their own ``fully_shard`` (in this order,
+    before the root). ``replicate`` > 1 makes an HSDP mesh ``(replicate, world // replicate)``
+    with dims ("replicate", "shard"); ``tp`` > 1 a 2-D mesh ``(world // tp, tp)`` with dims
+    ("dp", "tp"), where ``tp_plan(model, tp_mesh)`` applies tensor parallelism before
+    ``fully_shard`` over "dp" (the ranks of one "dp" index see the same data); else a 1-D
+    FSDP mesh. ``prepare(model)`` runs on the FSDP side before sharding (activation
+    checkpointing, ``torch.compile`` of blocks); it must keep parameter names.
+    ``reduce_scatter_unused_params`` is the user's opt-in to the public API of that name
+    (torch >= 2.13); where the API is absent a vanilla cell is skipped.
+    """
+
+    units: tuple[str, ...] = ()
+    replicate: int = 1
+    tp: int = 1
+    tp_plan: Callable[[nn.Module, object], object] | None = None
+    prepare: Callable[[nn.Module], object] | None = None
+    param_dtype: torch.dtype | None = None
+    reduce_dtype: torch.dtype | None = None
+    offload: bool = False
+    reshard_after_forward: bool = True
+    reduce_scatter_unused_params: bool = False
+
+    def mesh_shape(self, world_size: int) -> tuple[int, ...]:
+        split = self.tp if self.tp > 1 else self.replicate
+        if self.tp > 1 and self.replicate > 1:
+            raise ValueError("Sharding: tensor parallel with HSDP (tp and replicate both > 1) is not supported")
+        if split == 1:
+            return (world_size,)
+        if world_size % split:
+            raise ValueError(f"world size {world_size} is not divisible by {'tp' if self.tp > 1 else 'replicate'}"
+                             f"={split}")
+        return (world_size // self.tp, self.tp) if self.tp > 1 else (self.replicate, world_size // self.replicate)
+
+    def mesh_dim_names(self, world_size: int) -> tuple[str, ...]:
+        shape = self.mesh_shape(world_size)
+        if len(shape) == 1:
+            return ("shard",)
+        return ("dp", "tp") if self.tp > 1 else ("replicate", "shard")
+
+    def data_parallel(self, world_size: int) -> int:
+        """How many ranks see different data (tensor-parallel ranks share theirs)."""
+        return world_size // self.tp
