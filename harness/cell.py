@@ -207,7 +207,8 @@ def _close_groups(*, failed: bool) -> None:
 
 
 def _skip_reason(cell: Cell, scenario: Scenario) -> str | None:
-    missing = [name for name in scenario.requires if importlib.util.find_spec(name) is None]
+    packages = dict.fromkeys(name.partition(".")[0] for name in scenario.requires)
+    missing = [name for name in packages if importlib.util.find_spec(name) is None]
     if missing:
         return f"needs the Python package(s) {', '.join(missing)} (pip install 'fsdp-compat[hf]')"
     if cell.device == "cuda" and torch.cuda.device_count() < int(os.environ.get("LOCAL_WORLD_SIZE", cell.world_size)):

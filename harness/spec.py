@@ -220,8 +220,9 @@ class Scenario:
     expect: tuple[Expect, ...] = ()
     #: per-cell timeout; ``None`` takes the run's (``--timeout``, matrix.yaml ``timeout_s``, else 30 s)
     timeout_s: float | None = None
-    #: Python packages the scenario needs beyond torch (its cells are skipped, with the
-    #: reason, where one is missing), e.g. ("transformers",)
+    #: modules the scenario needs beyond torch, e.g. ("transformers.models.llama.modeling_llama",):
+    #: each worker imports them once before its first cell (forked cells inherit them), and
+    #: the cells are skipped, with the reason, where their package is missing
     requires: tuple[str, ...] = ()
     seed: int = 0
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import importlib
 import os
 import sys
 
@@ -50,6 +51,7 @@ def main(argv: list[str] | None = None) -> None:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     scenarios = load_scenarios(plan.scenario_dirs).scenarios
     preload()  # before the first cell's deadline runs
+    _import_requirements(plan, scenarios)
     # before any cell, thread or store connection: cells that may abort run in its forks
     zygote = Zygote.start(plan, scenarios) if any(c.risk >= 2 and c.device == "cpu" for c in plan.cells) else None
     store = peers.connect_store(world)
@@ -63,6 +65,16 @@ def main(argv: list[str] | None = None) -> None:
         store.set(f"{plan.launch_id}/stage{n}/{rank}", "done")
         peers.wait(store, [f"{plan.launch_id}/stage{n}/{r}" for r in range(world)], 24 * 3600)
     _exit(0)  # avoids the frequent abort at interpreter exit after destroy_process_group()
+
+
+def _import_requirements(plan: LaunchPlan, scenarios: dict) -> None:
+    """The modules the plan's scenarios need (``Scenario.requires``), imported once here."""
+    names = dict.fromkeys(m for c in plan.cells if c.scenario in scenarios for m in scenarios[c.scenario].requires)
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except Exception:  # a missing package: its cells are skipped with the reason
+            continue
 
 
 def _exit(code: int) -> None:

@@ -19,7 +19,9 @@ from harness.spec import Ctx, Optim
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-REQUIRES = ("transformers",)
+#: the modeling modules the builders below use (imported once per worker, before any cell)
+REQUIRES = ("transformers.models.llama.modeling_llama", "transformers.models.llava.modeling_llava",
+            "transformers.models.clip.modeling_clip", "transformers.models.mixtral.modeling_mixtral")
 #: for batches of repeated tokens: attention over identical positions leaves q/k grads at
 #: rounding-noise level, which AdamW (dividing by sqrt(v) + 1e-8) turns into parameter
 #: differences of ~1e-4 between equally correct runs; SGD with momentum keeps them tiny
