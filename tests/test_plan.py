@@ -65,16 +65,24 @@ def test_stages_one_world_size_at_a_time_on_slots_of_the_largest():
     assert len(two.slots) == 2 and all(two.slots)  # the 2-rank cells run side by side
 
 
-def test_a_documented_hang_is_balanced_and_a_certain_crash_runs_last_alone():
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_a_documented_hang_is_balanced_and_a_certain_crash_runs_last(device):
+    """On cuda a certain crash ends the launch: it runs alone, last. On CPU it runs in a
+    forked process (``harness.forked``): it takes a slot like the others, last in its slot."""
     from harness.spec import Expect
 
     hangs = _s("hangs", world_sizes=(2,), timeout_s=3, expect=(Expect(status="hang"),))
     crashy = _s("crashy", world_sizes=(2,), expect=(Expect(status="crash"),))
-    cells = plan_cells([hangs, crashy, B], world_sizes=[2], devices=["cpu"], variants=["vanilla"],
+    cells = plan_cells([crashy, hangs, B], world_sizes=[2], devices=[device], variants=["vanilla"],
                        explicit_scenarios=False)
     plan = stages(cells, 4)
     names = [[[cells[i].scenario for i in slot] for slot in s.slots] for s in plan]
-    assert names == [[["hangs"], ["b"]], [["crashy"]]]
+    if device == "cuda":
+        assert names == [[["hangs"], ["b"]], [["crashy"]]]
+    else:
+        (stage,) = names
+        (slot,) = [slot for slot in stage if "crashy" in slot]
+        assert slot[-1] == "crashy" and sorted(sum(stage, [])) == ["b", "crashy", "hangs"] and len(stage) == 2
 
 
 def test_the_api_variant_keeps_the_patches_the_api_does_not_replace():
@@ -93,3 +101,32 @@ def test_launch_plan_roundtrip(tmp_path):
                       cells=cells, stages=stages(cells, 2))
     plan.dump(tmp_path / "p.json")
     assert LaunchPlan.load(str(tmp_path / "p.json")) == plan
+
+
+def test_a_scenarios_cells_share_a_slot_and_follow_it_to_smaller_stages():
+    """Each process pays once for what a scenario warms up: its variants run on one slot,
+    and its world-size-1 cells on a rank that ran its world-size-2 cells."""
+    scenarios = [_s(f"s{i}", world_sizes=(1, 2), patches=("p1",)) for i in range(6)]
+    cells = plan_cells(scenarios, world_sizes=None, devices=["cpu"], variants=["vanilla", "patched", "deployed"],
+                       explicit_scenarios=False, deployed_patches=("p1",))
+    two, one = stages(cells, 4)
+    assert two.world_size == 2 and one.world_size == 1
+    for stage in (two, one):
+        slot_of = {}
+        for i, slot in enumerate(stage.slots):
+            for index in slot:
+                slot_of.setdefault(cells[index].scenario, set()).add(i)
+        assert all(len(s) == 1 for s in slot_of.values()), slot_of
+        assert max(map(len, stage.slots)) - min(map(len, stage.slots)) <= 3  # one scenario's worth
+        if stage is two:
+            ranks_at_two = {name: {2 * i, 2 * i + 1} for name, (i,) in slot_of.items()}
+    for name, (i,) in slot_of.items():
+        assert i in ranks_at_two[name], (name, i, ranks_at_two[name])
+
+
+def test_a_lone_scenario_still_uses_every_slot():
+    s = _s("only", world_sizes=(1,), patches=("p1",))
+    cells = plan_cells([s], world_sizes=None, devices=["cpu"], variants=["vanilla", "patched", "deployed"],
+                       explicit_scenarios=False, deployed_patches=("p1",))
+    (stage,) = stages(cells, 4)
+    assert sorted(map(len, stage.slots)) == [1, 1, 1]
