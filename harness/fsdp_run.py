@@ -19,7 +19,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, Offlo
 from torch.distributed.tensor import DTensor
 
 from harness import recipe
-from harness.gather import gather_full, plain_placements
+from harness.gather import Deferred, gather_full, plain_placements
 from harness.norm_group import rehome
 from harness.plan import Cell
 from harness.snapshot import StepSnapshot
@@ -77,7 +77,8 @@ class FsdpSide:
         self.scenario, self.cell, self.model, self.mesh, self.device = scenario, cell, model, mesh, device
         self.utilities, self.rank, self.world, self.stamp = utilities, rank, world, stamp
         self.named = dict(model.named_parameters())
-        self.fast_gather = plain_placements(list(self.named.values()))
+        #: plain placements: snapshots are captured now and gathered together in ``flush``
+        self.deferred = Deferred(rank=rank, world=world) if plain_placements(list(self.named.values())) else None
         self.step = 0
         #: the data-parallel coordinates (tensor-parallel ranks of one dp index share their data)
         self.dp_rank, self.dp_world = rank // scenario.sharding.tp, scenario.sharding.data_parallel(world)
@@ -109,9 +110,7 @@ class FsdpSide:
 
     def grads(self) -> tuple[dict[str, torch.Tensor | None], dict[str, list[int]]]:
         """Full grads on rank 0, and the names whose grad presence differed across ranks."""
-        self.stamp(f"step {self.step} gather grads")
-        return gather_full({n: p.grad for n, p in self.named.items()}, rank=self.rank, world=self.world,
-                           fast=self.fast_gather)
+        return self._snapshot({n: p.grad for n, p in self.named.items()}, "grads")
 
     def clip(self, clip: Clip) -> float:
         self.stamp(f"step {self.step} clip")
@@ -129,8 +128,18 @@ class FsdpSide:
         return float(total)
 
     def params(self) -> dict[str, torch.Tensor]:
-        self.stamp(f"step {self.step} gather params")
-        full, _ = gather_full({n: p.detach() for n, p in self.named.items()}, rank=self.rank, world=self.world,
-                              fast=self.fast_gather)
+        full, _ = self._snapshot({n: p.detach() for n, p in self.named.items()}, "params")
         return full  # type: ignore[return-value]
+
+    def flush(self) -> None:
+        """Gather every snapshot captured so far (one collective); rank 0's dicts fill in."""
+        if self.deferred is not None:
+            self.stamp(f"step {self.step} gather snapshots")
+            self.deferred.flush()
+
+    def _snapshot(self, tensors: dict[str, torch.Tensor | None], what: str):
+        if self.deferred is not None:
+            return self.deferred.capture(tensors)
+        self.stamp(f"step {self.step} gather {what}")
+        return gather_full(tensors, rank=self.rank, world=self.world, fast=False)
 

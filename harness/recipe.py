@@ -43,6 +43,9 @@ class Side(Protocol):
     def params(self) -> dict[str, torch.Tensor]:
         """Full params by name (private CPU copies)."""
 
+    def flush(self) -> None:
+        """Complete the snapshots taken so far (the FSDP2 side gathers them here)."""
+
 
 def set_to_none_after(step: int) -> bool:
     """The ``zero_grad(set_to_none=...)`` schedule."""
@@ -68,4 +71,5 @@ def train(scenario: Scenario, side: Side, named: dict[str, nn.Parameter]) -> lis
         snap.opt_state = {n: bool(opt.state.get(p)) for n, p in named.items()}
         opt.zero_grad(set_to_none=set_to_none_after(step))
         snapshots.append(snap)
+    side.flush()
     return snapshots

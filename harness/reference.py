@@ -117,3 +117,6 @@ class ReferenceSide:
 
     def params(self) -> dict[str, torch.Tensor]:
         return {n: p.detach().clone() for n, p in self.named.items()}
+
+    def flush(self) -> None:
+        """Nothing to complete: every snapshot is already a private copy."""
