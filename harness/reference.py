@@ -25,9 +25,9 @@ from torch import nn
 
 from harness import recipe
 from harness.snapshot import StepSnapshot
-from harness.spec import Clip, Ctx, MicroBatch, Scenario, move_batch, torch_release
+from harness.spec import Clip, Ctx, MicroBatch, Scenario, Sharding, move_batch, torch_release
 
-__all__ = ["GLOO_AVG_SUMS", "ReferenceSide", "quirks_for", "run_reference"]
+__all__ = ["GLOO_AVG_SUMS", "PER_USE_UPCAST", "ReferenceSide", "quirks_for", "run_reference"]
 
 
 #: Known backend behaviour the reference must model to judge anything else on that
@@ -36,15 +36,31 @@ __all__ = ["GLOO_AVG_SUMS", "ReferenceSide", "quirks_for", "run_reference"]
 #: averages, on 2.8; 2.7 rejects it). So grads come out ``shard size`` times too large on
 #: CPU. Cells judged under a quirk say so in their record (``reference_quirks``).
 GLOO_AVG_SUMS = "gloo reduce-scatter AVG sums (torch < 2.9): reference averages over the replicate dim only"
+#: From torch 2.15 FSDP2 accumulates unsharded grads through ``param.grad_dtype``: in a
+#: micro-batch without gradient sync, a parameter with no unsharded grad yet (the first
+#: micro-batch of a window, or the first that uses it) has ``grad_dtype = reduce_dtype``,
+#: so autograd upcasts each use's gradient and adds them in ``reduce_dtype``; later
+#: micro-batches sum a parameter's uses in ``param_dtype`` first (as before 2.15). Only a
+#: parameter used more than once in a forward (tied embeddings) sees the difference.
+PER_USE_UPCAST = ("first no-sync micro-batch upcasts each use of a parameter to reduce_dtype (torch >= 2.15): "
+                  "the reference accumulates those uses through grad_dtype too")
 
 
-def quirks_for(*, torch_version: str, backend: str) -> list[str]:
-    """The backend quirks that apply to a cell (see ``GLOO_AVG_SUMS``)."""
+def quirks_for(*, torch_version: str, backend: str, sharding: Sharding | None = None) -> list[str]:
+    """The backend and version quirks that apply to a cell (``GLOO_AVG_SUMS``, ``PER_USE_UPCAST``)."""
     from packaging.version import Version
 
+    quirks = []
     if "gloo" in backend and "nccl" not in backend and torch_release(torch_version) < Version("2.9"):
-        return [GLOO_AVG_SUMS]
-    return []
+        quirks.append(GLOO_AVG_SUMS)
+    if sharding is not None and _wider_reduce(sharding) and torch_release(torch_version) >= Version("2.15"):
+        quirks.append(PER_USE_UPCAST)
+    return quirks
+
+
+def _wider_reduce(sharding: Sharding) -> bool:
+    compute, reduce = sharding.param_dtype, sharding.reduce_dtype
+    return compute is not None and reduce is not None and reduce.itemsize > compute.itemsize
 
 
 def run_reference(scenario: Scenario, world_size: int, *, quirks: list[str] | None = None) -> list[StepSnapshot]:
@@ -65,6 +81,20 @@ def _cast_params(model: nn.Module, dtype: torch.dtype) -> nn.Module:
     return model
 
 
+def _grads(loss: torch.Tensor, trainable: list[tuple[str, nn.Parameter]], upcast: set[str],
+           reduce_dtype: torch.dtype) -> list[torch.Tensor | None]:
+    """The gradient of ``loss`` for each parameter; those in ``upcast`` accumulate each of
+    their uses in ``reduce_dtype`` (``PER_USE_UPCAST``), the others sum them in their dtype."""
+    if not upcast:
+        return list(torch.autograd.grad(loss, [p for _, p in trainable], allow_unused=True))
+    for name, p in trainable:  # a private replica: its .grad is ours to use
+        p.grad = None
+        if name in upcast:
+            p.grad_dtype = reduce_dtype
+    loss.backward()
+    return [p.grad for _, p in trainable]
+
+
 class ReferenceSide:
     """The recipe's ``Side`` in one process: every rank replayed, grads averaged by hand."""
 
@@ -74,13 +104,16 @@ class ReferenceSide:
         self.divisor = world_size
         if GLOO_AVG_SUMS in quirks:  # gloo summed over the shard group; only HSDP's replicate dim averaged
             self.divisor = scenario.sharding.replicate
+        self.per_use_upcast = PER_USE_UPCAST in quirks
+        #: per rank, the params with an unsharded grad in the current accumulation window
+        self.window: list[set[str]] = [set() for _ in range(world_size)]
 
     def micro_batch(self, step: int, k: int, micro_batch: MicroBatch) -> None:
-        for name, g in self._mean_over_ranks(step, k).items():
+        for name, g in self._mean_over_ranks(step, k, micro_batch.sync).items():
             p = self.named[name]
             p.grad = g.to(p.dtype) if p.grad is None else p.grad + g.to(p.dtype)
 
-    def _mean_over_ranks(self, step: int, k: int) -> dict[str, torch.Tensor]:
+    def _mean_over_ranks(self, step: int, k: int, sync: bool) -> dict[str, torch.Tensor]:
         """Mean over ranks of each parameter's gradient for micro-batch ``k`` (only used ones)."""
         s = self.scenario
         compute_dtype = s.sharding.param_dtype
@@ -95,8 +128,10 @@ class ReferenceSide:
                 replica = _cast_params(copy.deepcopy(self.model), compute_dtype)
                 batch = move_batch(batch, float_dtype=compute_dtype)
             trainable = [(n, p) for n, p in replica.named_parameters() if p.requires_grad]
+            upcast = {n for n, _ in trainable if n not in self.window[rank]} if self.per_use_upcast and not sync else set()
             loss = s.forward(replica, batch, ctx)
-            grads = torch.autograd.grad(loss, [p for _, p in trainable], allow_unused=True)
+            grads = _grads(loss, trainable, upcast, reduce_dtype)
+            self.window[rank] = set() if sync else self.window[rank] | {n for (n, _), g in zip(trainable, grads) if g is not None}
             for (name, _), g in zip(trainable, grads):
                 if g is not None:
                     g = g.to(reduce_dtype)

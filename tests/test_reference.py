@@ -130,3 +130,47 @@ def test_bf16_emulation_casts_parameters_not_buffers():
     (g,) = torch.autograd.grad(loss, [replica.lin.weight])
     torch.testing.assert_close(snap.grads["lin.weight"], g.float(), rtol=0, atol=0)
     assert replica.scale.dtype == torch.float32  # a bf16 buffer would round 1 + 2**-12 to 1
+
+
+class _Tied(nn.Module):
+    """A weight used twice in one forward (tied input/output embeddings)."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(11, 5)
+        self.mid = nn.Linear(5, 5)
+
+    def forward(self, x):
+        return (self.mid(self.emb(x)) @ self.emb.weight.t()).float().pow(2).mean()
+
+
+def test_per_use_upcast_from_2_15_is_modelled_for_the_first_no_sync_micro_batch():
+    from harness.reference import PER_USE_UPCAST, quirks_for
+    from harness.spec import Sharding
+
+    mixed = Sharding(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    assert PER_USE_UPCAST in quirks_for(torch_version="2.15.0", backend="gloo", sharding=mixed)
+    assert PER_USE_UPCAST not in quirks_for(torch_version="2.14.1+cu130", backend="gloo", sharding=mixed)
+    assert quirks_for(torch_version="2.15.0", backend="gloo", sharding=Sharding()) == []
+
+    batches = [torch.randint(0, 11, (3, 4)) for _ in range(2)]
+    s = Scenario(name="tied", summary="", model=_Tied, batch=lambda ctx: batches[ctx.micro_batch],
+                 forward=lambda m, x, ctx: m(x), sharding=mixed, schedule=accumulate(2), steps=1,
+                 optimizer=Optim(lr=0.0, weight_decay=0.0))
+    with_quirk = run_reference(s, 1, quirks=[PER_USE_UPCAST])[0].grads["emb.weight"]
+    without = run_reference(s, 1)[0].grads["emb.weight"]
+
+    torch.manual_seed(s.seed)
+    base = _Tied().to(torch.bfloat16)
+
+    def uses(x):  # each use's gradient, in bf16
+        w_in = base.emb.weight.detach().clone().requires_grad_()
+        w_out = base.emb.weight.detach().clone().requires_grad_()
+        loss = (base.mid(nn.functional.embedding(x, w_in)) @ w_out.t()).float().pow(2).mean()
+        return torch.autograd.grad(loss, [w_in, w_out])
+
+    (a_in, a_out), (b_in, b_out) = uses(batches[0]), uses(batches[1])
+    # micro-batch 0 (no sync, no grad yet): each use upcast, then added; micro-batch 1: summed in bf16
+    assert torch.equal(with_quirk, (a_in.float() + a_out.float()) + (b_in + b_out).float())
+    assert torch.equal(without, (a_in + a_out).float() + (b_in + b_out).float())
+    assert not torch.equal(with_quirk, without)
