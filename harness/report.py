@@ -147,6 +147,30 @@ def _md(frame: pd.DataFrame, *, index: bool = False) -> str:
     return frame.to_markdown(index=index, tablefmt="pipe", disable_numparse=True) + "\n"
 
 
+#: cells the Markdown details leave out (every cell is in the CSV and the HTML report)
+_ROUTINE = {"ok", "n/a"}
+_MD_TEXT = 120
+
+
+def _details_md(cells: pd.DataFrame) -> list[str]:
+    """The details worth reading in Markdown: cells that are not routine, with the first
+    failure's text shortened (every cell, texts in full, is in the CSV and the HTML)."""
+    details = _details(cells)
+    shown = details[~details["verdict"].isin(_ROUTINE) | details["unexpected"].ne("") | details["caveats"].ne("")]
+    first_failure = [next((f"{v}: {_short(r[f'{v}_exc'])}" for v in VARIANTS if r[f"{v}_exc"]), "")
+                     for r in shown.to_dict("records")]
+    shown = shown.assign(caveats=shown["caveats"].map(_short), failure=first_failure)
+    shown = shown[["device", "scenario", "world_size", "torch", "verdict", *VARIANTS, "unexpected", "caveats",
+                   "failure", "worst"]]
+    return [f"{len(shown)} of {len(details)} cells: those whose verdict is not {' or '.join(sorted(_ROUTINE))}, "
+            f"or that have a caveat or an unexpected record (every cell, texts in full: compat.csv, compat.html).",
+            "", _md(shown)]
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= _MD_TEXT else text[:_MD_TEXT - 1] + "…"
+
+
 def render_markdown(tables: ReportTables) -> str:
     out = [f"# {TITLE}", "", *_header(tables), ""]
     for device in tables.devices:
@@ -161,7 +185,7 @@ def render_markdown(tables: ReportTables) -> str:
         out += [f"## Scenario × torch: {device}", "", LEGEND, "", _md(_grid(tables, device, _label).reset_index())]
         out += [f"### Notes: {device}", "", *([f"- {n}" for n in _notes(tables, device)] or ["None."]), ""]
         out += [f"### Environment: {device}", "", _md(_environment(tables, device).rename_axis("").reset_index())]
-    out += ["## Details", "", _md(_details(tables.cells)), "## Skipped input lines", ""]
+    out += ["## Details", "", *_details_md(tables.cells), "## Skipped input lines", ""]
     out += [f"- `{line}`" for line in tables.skipped] or ["None."]
     out += ["", "## Verdict rules (first match wins)", "", _md(_rules())]
     return "\n".join(out).rstrip() + "\n"

@@ -241,3 +241,18 @@ def test_cli_bad_input_exits_2(kind: str, tmp_path: Path, capsys: pytest.Capture
     assert len(err.strip().splitlines()) == 1 and err.startswith("error: ")
     assert ("no such file or folder" if kind == "missing path" else "no valid records found") in err
     assert not (tmp_path / "out").exists()
+
+
+def test_markdown_details_keep_what_needs_reading_and_shorten_texts(tmp_path: Path) -> None:
+    long = "RuntimeError: " + "x" * 500
+    recs = [record("calm", "vanilla", "2.13.0", "pass"), record("calm", "deployed", "2.13.0", "pass"),
+            record("bug", "vanilla", "2.13.0", "error", patches=["unused_param_reduction"], exc_type="RuntimeError",
+                   exc_msg=long),
+            record("bug", "patched", "2.13.0", "pass", patches=["unused_param_reduction"])]
+    out = build_report([write_jsonl(tmp_path / "r.jsonl", recs)], tmp_path / "rep")
+    details = out["md"].read_text().split("## Details", 1)[1].split("## Skipped", 1)[0]
+    assert "1 of 2 cells" in details
+    assert "| bug " in details and "| calm " not in details
+    assert "x" * 200 not in details and "vanilla: RuntimeError: RuntimeError: xxx" in details
+    csv = out["csv"].read_text()
+    assert "calm" in csv and "x" * 120 in csv  # the CSV keeps every cell and a longer text
