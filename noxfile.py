@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import nox
+from nox.command import CommandFailed
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
@@ -26,7 +27,11 @@ from harness.matrix import load_matrix  # noqa: E402
 
 nox.options.reuse_existing_virtualenvs = True
 
-MATRIX = load_matrix(ROOT / "matrix.yaml")
+try:
+    MATRIX = load_matrix(ROOT / "matrix.yaml")
+except ValueError as e:  # one line naming the field, exit 2 (not nox's traceback)
+    print(f"error: {e}", file=sys.stderr)
+    raise SystemExit(2) from None
 TEST_TORCH = "2.13.0"
 RUNS = ROOT / "runs" / "matrix"
 
@@ -43,7 +48,10 @@ def matrix(session: nox.Session, torch: str, device: str) -> None:
     dev = MATRIX.device(device)
     if device == "cuda" and not _gpu_visible():
         session.skip("no GPU visible on this machine (nvidia-smi finds none)")
-    session.install(*torch_install_args(torch, device, Path(session.virtualenv.location) / ".fsdp-compat"))
+    try:
+        session.install(*torch_install_args(torch, device, Path(session.virtualenv.location) / ".fsdp-compat"))
+    except CommandFailed:
+        session.error(f"torch {torch} cannot be installed for {device} (uv's reason is above)")
     transformers = MATRIX.transformers_for(torch)
     if transformers:  # the hf_ scenario pack; without it those cells are skipped with the reason
         session.install(f"transformers=={transformers}")

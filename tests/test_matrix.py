@@ -73,3 +73,18 @@ def test_nox_json_list_names_every_matrix_cell():
     assert out.returncode == 0, out.stderr
     names = {s["session"] for s in json.loads(out.stdout)}
     assert "matrix(torch='2.12.1', device='cpu')" in names and "tests" in names
+
+
+def test_a_bad_matrix_stops_nox_with_one_line_and_exit_2(tmp_path):
+    import shutil
+    import subprocess
+    import sys
+
+    for name in ("noxfile.py", "harness", "scenarios", "fsdp_patches"):
+        (shutil.copytree if (ROOT / name).is_dir() else shutil.copy)(ROOT / name, tmp_path / name)
+    text = (ROOT / "matrix.yaml").read_text().replace("timeout_s: 60", "timeout_s: 60\ntimeout_s: .inf", 1)
+    (tmp_path / "matrix.yaml").write_text(text)
+    out = subprocess.run([sys.executable, "-m", "nox", "-l"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    lines = (out.stdout + out.stderr).strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: matrix.yaml: key 'timeout_s' given twice (lines ")
