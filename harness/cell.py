@@ -125,6 +125,10 @@ class CellRun:
                   if self.installs.get(n, {}).get("status") == "error"]
         if errors:
             return dict(status="error", exc_type="PatchInstallError", exc_msg=errors[0])
+        missing = [n for n in cell.scenario_patches if n in cell.patches
+                   and self.installs.get(n, {}).get("status") == "not-provided"]
+        if missing and cell.variant in ("patched", "api"):  # it would run as vanilla, to no purpose
+            return dict(status="skip", reason=f"not provided by the module under test: {', '.join(missing)}")
         skip = _skip_reason(cell, self.scenarios[cell.scenario])
         return dict(status="skip", reason=skip) if skip else {}
 

@@ -184,7 +184,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         with _interruptible():  # while cells run, the launcher handles the signals itself
             result = run(req, on_start=None if args.quiet else console.say_start, on_record=progress,
                          on_load_error=lambda e: print(f"error: {e} (the scenario is recorded as an error and "
-                                                       f"skipped)", file=sys.stderr, flush=True))
+                                                       f"skipped)", file=sys.stderr, flush=True),
+                         on_warning=lambda w: print(f"warning: {w}", file=sys.stderr, flush=True))
     except _Interrupted as stop:
         print(f"interrupted by {signal.Signals(stop.signum).name} before any cell ran", flush=True)
         return 128 + stop.signum

@@ -17,7 +17,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["PatchSource", "check_patch_names", "deployed_patches", "is_path", "locate", "patch_names_in"]
+__all__ = [
+    "PatchSource", "check_patch_names", "deployed_patches", "is_path", "locate", "near_misses", "patch_names_in"]
 
 #: Patch names that are utilities the recipe calls, not process-global installs.
 UTILITIES = ("clip_grad_norm", "scale_grads")
@@ -125,6 +126,23 @@ def check_patch_names(wanted: Mapping[str, Iterable[str]], sources: Iterable[Pat
                 close = difflib.get_close_matches(name, sorted(known), n=1)
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
                 raise ValueError(f"scenario {scenario!r} names unknown patch {name!r}{hint}")
+
+
+def near_misses(source: PatchSource, vocabulary: Iterable[str], mapping: Mapping[str, str]) -> list[str]:
+    """Warnings for functions of the module that look like a misspelt known patch the
+    module lacks (``patch_fsdp_unused_param_reductoin``): as written, that patch is "not
+    provided" and the misspelt one installs only in the deployed set."""
+    known = set(vocabulary)
+    provided = source.patches | set(mapping)
+    warnings = []
+    for name in sorted(source.patches - known - patch_names_in(mapping.values())):
+        close = [c for c in difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.85) if c not in provided]
+        if close:
+            function = next((n for n in sorted(source.names) if n.endswith(name) and n.startswith("patch_")), name)
+            warnings.append(f"{source.spec}: {function} looks like a misspelling of patch {close[0]!r}, which the "
+                            f"module does not provide (its cells will say 'not provided'; --patch-map "
+                            f"{close[0]}={function} maps it)")
+    return warnings
 
 
 def deployed_patches(vocabulary: Iterable[str], source: PatchSource, mapping: Mapping[str, str]) -> tuple[str, ...]:

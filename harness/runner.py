@@ -13,7 +13,7 @@ from pathlib import Path
 
 from harness.launch import LaunchOptions, RunResult, run_cells
 from harness.names import VARIANTS
-from harness.patch_source import PatchSource, check_patch_names, deployed_patches, locate
+from harness.patch_source import PatchSource, check_patch_names, deployed_patches, locate, near_misses
 from harness.patching import DEFAULT_MODULE
 from harness.plan import Cell, all_patch_names, plan_cells
 from harness.record import Record, append, finish, new_record
@@ -46,7 +46,8 @@ class RunRequest:
 
 def run(req: RunRequest, *, on_start: Callable[[int, Path], None] | None = None,
         on_record: Callable[[Record, int], None] | None = None,
-        on_load_error: Callable[[LoadError], None] | None = None) -> RunResult:
+        on_load_error: Callable[[LoadError], None] | None = None,
+        on_warning: Callable[[str], None] | None = None) -> RunResult:
     """Plan, validate and run every cell of ``req``: their records, in the order written,
     and what a signal left unrun. A scenario file that fails to load is recorded (and
     reported through ``on_load_error``); the other scenarios run."""
@@ -59,6 +60,8 @@ def run(req: RunRequest, *, on_start: Callable[[int, Path], None] | None = None,
     source = locate(req.patches)  # read, not imported: the workers import it under the watchdog
     check_patch_names({s.name: s.patches for s in chosen}, [source, *_own_module(req.patches)], req.patch_mapping)
     vocabulary = all_patch_names(list(library.scenarios.values()))
+    for warning in near_misses(source, vocabulary, req.patch_mapping) if on_warning else []:
+        on_warning(warning)
     cells = plan_cells(chosen, world_sizes=req.world_sizes or None, devices=req.devices, variants=req.variants,
                        explicit_scenarios=bool(req.scenarios), timeout_s=req.timeout_s,
                        deployed_patches=deployed_patches(vocabulary, source, req.patch_mapping))

@@ -46,3 +46,18 @@ def test_cli_stops_on_a_typo_in_one_line(tmp_path):
     assert out.returncode == 2
     assert out.stderr.strip() == ("error: scenario 'typo' names unknown patch 'uniform_reduce_dtyp' "
                                   "(did you mean 'uniform_reduce_dtype'?)")
+
+
+def test_a_misspelt_function_in_the_module_is_warned_about(tmp_path):
+    from harness.patch_source import near_misses
+
+    module = tmp_path / "third.py"
+    module.write_text("def patch_fsdp_unused_param_reductoin():\n    pass\n\n"
+                      "def patch_fsdp_my_own_fix():\n    pass\n\n"
+                      "def patch_fsdp_uniform_reduce_dtype():\n    pass\n")
+    vocabulary = ("unused_param_reduction", "uniform_reduce_dtype", "restore_unused_param_grads")
+    (warning,) = near_misses(locate(str(module)), vocabulary, {})
+    assert "patch_fsdp_unused_param_reductoin looks like a misspelling of patch 'unused_param_reduction'" in warning
+    # mapped, it is no longer a miss; a module's own extra patch never is
+    assert near_misses(locate(str(module)), vocabulary,
+                       {"unused_param_reduction": "patch_fsdp_unused_param_reductoin"}) == []
