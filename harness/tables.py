@@ -22,7 +22,7 @@ from typing import Any
 import pandas as pd
 from packaging.version import InvalidVersion, Version
 
-from harness.names import PS_NOT_RUN, VARIANTS, VERDICTS
+from harness.names import PS_BROKEN, PS_NOT_RUN, VARIANTS, VERDICTS
 from harness.record import Record, RecordError, load_records
 from harness.verdict import combine_patch_statuses, judge, patch_contributions
 
@@ -166,13 +166,19 @@ def verdict_table(latest: pd.DataFrame) -> pd.DataFrame:
 
 
 def patch_summary(cells_with_contrib: pd.DataFrame) -> pd.DataFrame:
-    """patch x device x torch -> combined status, the cells behind it, its public API and caveats."""
+    """patch x device x torch -> combined status, the cells behind it, its public API and caveats.
+
+    A scenario whose patch set fails together blames each patch of the set, unless another
+    patch of that set is shown broken in a cell of its own (alone, or by an install error)
+    on the same device and torch: then the blame is that patch's, not its partners'."""
     contrib = pd.DataFrame(
         [{"patch": patch, "device": c["device"], "torch": c["torch"], "status": status,
           "source": f"{c['scenario']} w{c['world_size']}: {status} ({why})" if why else f"{c['scenario']} w{c['world_size']}: {status}",
-          "api": c["public_api"], "caveats": c["caveats"], "scenario": c["scenario"], "why": why}
+          "api": c["public_api"], "caveats": c["caveats"] if patch in c["patches"].split(";") else "",
+          "scenario": c["scenario"], "why": why, "set": tuple(p for p in c["patches"].split(";") if p)}
          for c in cells_with_contrib.to_dict("records") for patch, (status, why) in c["_contrib"].items()],
-        columns=["patch", "device", "torch", "status", "source", "api", "caveats", "scenario", "why"])
+        columns=["patch", "device", "torch", "status", "source", "api", "caveats", "scenario", "why", "set"])
+    contrib = contrib[~_exonerated(contrib)]
     rows = []
     grid = cells_with_contrib[["device", "torch"]].drop_duplicates()
     for patch in sorted(set(contrib["patch"])):
@@ -185,6 +191,20 @@ def patch_summary(cells_with_contrib: pd.DataFrame) -> pd.DataFrame:
                          "detail": "; ".join(strongest["source"]), "api": next((a for a in strongest["api"] if a), ""),
                          "why": "; ".join(sorted({w for w in strongest["why"] if w})), "caveats": "; ".join(caveats)})
     return pd.DataFrame(rows, columns=["patch", "device", "torch", "status", "detail", "api", "why", "caveats"])
+
+
+def _exonerated(contrib: pd.DataFrame) -> pd.Series:
+    """Broken contributions from a set that failed together where a partner is broken on its own."""
+    broken = contrib["status"] == PS_BROKEN
+    alone = contrib[broken & ((contrib["set"].map(len) <= 1) | contrib["why"].str.contains("install error"))]
+    guilty = set(zip(alone["patch"], alone["device"], alone["torch"]))
+
+    def exonerated(row) -> bool:
+        if row["status"] != PS_BROKEN or len(row["set"]) <= 1 or (row["patch"], row["device"], row["torch"]) in guilty:
+            return False
+        return any((p, row["device"], row["torch"]) in guilty for p in row["set"] if p != row["patch"])
+
+    return contrib.apply(exonerated, axis=1).astype(bool) if len(contrib) else broken
 
 
 def deployed_summary(cells: pd.DataFrame) -> pd.DataFrame:

@@ -256,3 +256,22 @@ def test_markdown_details_keep_what_needs_reading_and_shorten_texts(tmp_path: Pa
     assert "x" * 200 not in details and "vanilla: RuntimeError: RuntimeError: xxx" in details
     csv = out["csv"].read_text()
     assert "calm" in csv and "x" * 120 in csv  # the CSV keeps every cell and a longer text
+
+
+def test_a_set_that_fails_together_blames_the_partner_broken_on_its_own(tmp_path: Path) -> None:
+    from harness.tables import build_tables
+
+    def cell(scenario, patches, patched_status):
+        bad = {"expected": "pass"} if patched_status != "pass" else {}
+        return [record(scenario, "vanilla", "2.13.0", "error", patches=patches, exc_type="RuntimeError", exc_msg="bug"),
+                record(scenario, "patched", "2.13.0", patched_status, patches=patches, **bad)]
+
+    recs = [*cell("pair", ["guard", "widen"], "mismatch"), *cell("solo_guard", ["guard"], "pass"),
+            *cell("solo_widen", ["widen"], "mismatch")]
+    status = build_tables([write_jsonl(tmp_path / "r.jsonl", recs)]).patches.set_index("patch")["status"]
+    assert status["widen"] == "broken" and status["guard"] == "needed"
+
+    # with no cell of its own showing a partner broken, the whole set is blamed
+    recs = [*cell("pair", ["guard", "widen"], "mismatch"), *cell("solo_guard", ["guard"], "pass")]
+    status = build_tables([write_jsonl(tmp_path / "s.jsonl", recs)]).patches.set_index("patch")["status"]
+    assert status["widen"] == "broken" and status["guard"] == "broken"
