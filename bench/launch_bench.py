@@ -76,26 +76,20 @@ def _cpu_scenarios() -> tuple[list[str], list[str]]:
     return [n for n in names if not n.startswith("hf_")], names
 
 
-def part_cd(folder: Path, with_hf: bool) -> None:
+def part_cde(folder: Path, *, older_plan: bool, with_hf: bool) -> None:
+    """(d), and beside it (c) the older plan on the same cells and/or (e) the suite with the HF pack."""
     core, names = _cpu_scenarios()
-    old, rec_c = _timed_suite(folder, "per-world-size", core, "world-size")
+    if older_plan:
+        old, rec_c = _timed_suite(folder, "per-world-size", core, "world-size")
+        print(f"(c) suite, launch per world size: {old:7.1f} s  ({_summary(rec_c)})")
     new, rec_d = _timed_suite(folder, "per-device", core, "device")
-    print(f"(c) suite, launch per world size: {old:7.1f} s  ({_summary(rec_c)})")
     print(f"(d) suite, launch per device    : {new:7.1f} s  ({_summary(rec_d)})")
-    print(f"    ratio (c)/(d)               : {old / new:7.2f}x")
+    if older_plan:
+        print(f"    ratio (c)/(d)               : {old / new:7.2f}x")
     if with_hf:
         full, rec_e = _timed_suite(folder, "with-hf", names, "device")
         print(f"(e) suite with the HF pack      : {full:7.1f} s  ({_summary(rec_e)})")
         print(f"    ratio (e)/(d)               : {full / new:7.2f}x")
-
-
-def part_e(folder: Path) -> None:
-    core_names, names = _cpu_scenarios()
-    core, rec_d = _timed_suite(folder, "core", core_names, "device")
-    full, rec_e = _timed_suite(folder, "with-hf", names, "device")
-    print(f"(d) suite without the HF pack   : {core:7.1f} s  ({_summary(rec_d)})")
-    print(f"(e) suite with the HF pack      : {full:7.1f} s  ({_summary(rec_e)})")
-    print(f"    ratio (e)/(d)               : {full / core:7.2f}x")
 
 
 def part_f(folder: Path) -> None:
@@ -129,10 +123,8 @@ def main() -> int:
         folder = Path(tmp)
         if "ab" in parts:
             part_ab(folder, args.repeat)
-        if "cd" in parts:
-            part_cd(folder, with_hf="e" in parts)
-        elif "e" in parts:
-            part_e(folder)
+        if parts & {"cd", "e"}:
+            part_cde(folder, older_plan="cd" in parts, with_hf="e" in parts)
         if "f" in parts:
             part_f(folder)
     return 0
