@@ -39,3 +39,12 @@ def test_cells_become_items_with_the_right_outcomes(tmp_path, workers):
     assert len(records) == 5
     launches = {(r["launch_id"], r["world_size"]) for r in records}
     assert len({ws for _, ws in launches}) == len(launches)  # one launch per world size, cells batched in it
+
+
+def test_entry_point_name_is_the_module_name():
+    """Installed, the plugin loads from its pytest11 entry point; `-p harness.pytest_plugin` must then
+    name the same plugin, or pytest stops with 'Plugin already registered under a different name'."""
+    import tomllib
+    eps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]["pytest11"]
+    assert {name: mod for name, mod in eps.items() if mod == "harness.pytest_plugin"} == \
+        {"harness.pytest_plugin": "harness.pytest_plugin"}
