@@ -9,8 +9,8 @@ signal that a bug was fixed upstream. Any other unexpected outcome is a failure;
 skipped cell is skipped. JUnit XML comes from pytest's own ``--junitxml``.
 
 Cells still run batched: the first item of a (device, world size) group that a worker
-runs launches every cell of that group the worker holds, in one torchrun. Under
-pytest-xdist the groups are kept whole on one worker (``--dist loadgroup``), and each
+runs launches every cell of that group, in one torchrun. Under pytest-xdist the groups
+are kept whole on one worker (``--dist loadgroup``; node ids end in ``@cpu-w2``), and each
 worker takes a disjoint slice of the GPUs (``harness.gpus``). The records go to
 ``--fsdp-compat-out`` (one file per worker under xdist).
 """
@@ -48,15 +48,22 @@ def pytest_configure(config: pytest.Config) -> None:
     if not config.getoption("fsdp_compat"):
         return
     config.addinivalue_line("markers", "fsdp_compat: a cell of the FSDP2 patch compatibility harness")
-    if getattr(config.option, "dist", "no") == "load":
+    if getattr(config.option, "dist", "no") in _SPLITTING:
         config.option.dist = "loadgroup"  # a (device, world size) group runs as one launch on one worker
+
+
+_SPLITTING = ("load", "loadscope", "loadfile", "worksteal")  # xdist modes that could split a group
+
+
+def _group(cell: Any) -> str:
+    return f"{cell.device}-w{cell.world_size}"
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
     return True if config.getoption("fsdp_compat") else None
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist names the groups (``--dist loadgroup``)
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list) -> None:
     if not config.getoption("fsdp_compat"):
         return
@@ -77,14 +84,14 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
                        explicit_scenarios=False, timeout_s=opt("fsdp_compat_timeout"),
                        deployed_patches=deployed_patches(all_patch_names(everything), source, mapping))
     batch = _Batch(config=config, source=source, mapping=mapping)
-    # the controller schedules by group (--dist loadgroup, set in pytest_configure); a worker
-    # spawned from plain -n N does not know it, so the group goes into the node id here
-    name_groups = hasattr(config, "workerinput") and not getattr(config.option, "loadgroup", False)
+    # the controller schedules by the node id's "@group" suffix (--dist loadgroup, set in
+    # pytest_configure); the suffix goes into the item's name, since pytest >= 9.2 no longer
+    # lets a plugin (or xdist's own xdist_group marker) rewrite a node id after collection
+    under_xdist = hasattr(config, "workerinput")
     for cell in cells:
-        item = CellItem.from_parent(session, name=cell.label, cell=cell, batch=batch)
+        name = f"{cell.label}@{_group(cell)}" if under_xdist else cell.label
+        item = CellItem.from_parent(session, name=name, cell=cell, batch=batch)
         item.add_marker(pytest.mark.fsdp_compat)
-        if name_groups:
-            item._nodeid = f"{item.nodeid}@{cell.device}-w{cell.world_size}"
         if "pass" not in cell.expected:
             item.add_marker(pytest.mark.xfail(strict=True, raises=DocumentedFailure,
                                               reason=cell.why or f"documented: {'|'.join(cell.expected)}"))
@@ -102,7 +109,7 @@ class UnexpectedOutcome(Exception):
 
 
 class _Batch:
-    """Runs the cells of a (device, world size) group this worker holds, once, in one launch."""
+    """Runs the cells of a (device, world size) group, once, in one launch, on the worker that holds the group."""
 
     def __init__(self, *, config: pytest.Config, source: Any, mapping: dict[str, str]) -> None:
         self.config, self.source, self.mapping = config, source, mapping
@@ -143,7 +150,6 @@ class CellItem(pytest.Item):
     def __init__(self, *, cell: Any, batch: _Batch, **kw: Any) -> None:
         super().__init__(**kw)
         self.cell, self.batch = cell, batch
-        self.add_marker(pytest.mark.xdist_group(f"{cell.device}-w{cell.world_size}"))
 
     def runtest(self) -> None:
         rec = self.batch.record_of(self)
