@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
@@ -37,9 +38,23 @@ def train(scenario: Scenario, cell: Cell, utilities: dict[str, Any], rank: int, 
     device = torch.device(cell.device, torch.cuda.current_device()) if cell.device == "cuda" else torch.device("cpu")
     stamp("build model")
     mesh = init_device_mesh(cell.device, tuple(cell.mesh), mesh_dim_names=scenario.sharding.mesh_dim_names(world))
+    _all_connected(device)
     model = build_model(scenario, mesh, cell.device)
     side = FsdpSide(scenario, cell, model, mesh, device, utilities, rank=rank, world=world, stamp=stamp)
     return recipe.train(scenario, side, side.named)
+
+
+def _all_connected(device: torch.device) -> None:
+    """Wait until every rank has built every group of the mesh, before any scenario code runs.
+
+    A rank that fails early (a planted or real error in its first forward) shuts its
+    sockets at once; a peer still finishing its side of a group's connection then fails
+    inside the group's constructor (gloo: "connectFullMesh failed ... Connection closed by
+    peer") instead of in the collective the scenario is about."""
+    if device.type == "cuda":
+        dist.barrier(device_ids=[device.index])
+    else:
+        dist.barrier()
 
 
 def build_model(scenario: Scenario, mesh: DeviceMesh, device_type: str) -> nn.Module:
