@@ -257,18 +257,14 @@ class _Interrupted(Exception):
         self.signum = signum
 
 
-@contextlib.contextmanager
-def _interruptible():
+def _interruptible() -> contextlib.AbstractContextManager[None]:
     """SIGINT/SIGTERM before the launcher takes over: stop at once, with one line."""
+    from harness.procs import on_stop_signals
+
     def stop(signum, frame):
         raise _Interrupted(signum)
 
-    old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for s, handler in old.items():
-            signal.signal(s, handler)
+    return on_stop_signals(stop)
 
 
 def _rerun_command(args: argparse.Namespace, world: int) -> str:

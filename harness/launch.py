@@ -18,12 +18,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import sys
-import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -103,22 +101,12 @@ def run_cells(cells: list[Cell], opts: LaunchOptions) -> RunResult:
     return result
 
 
-@contextlib.contextmanager
-def _stop_on_signals(result: RunResult) -> Iterator[None]:
+def _stop_on_signals(result: RunResult) -> contextlib.AbstractContextManager[None]:
     """SIGINT/SIGTERM set ``result.signal``; the launch loop then reaps and stops."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def stop(signum, frame) -> None:
+    def stop(signum: int, frame: Any) -> None:
         result.signal = signum
 
-    old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for s, handler in old.items():
-            signal.signal(s, handler)
+    return procs.on_stop_signals(stop)
 
 
 def _skip_without_gpus(group: list[Cell], opts: LaunchOptions, result: RunResult) -> list[Cell]:

@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from harness.watchdog import phase_key
 
-__all__ = ["RankOutcome", "all_reported", "blame", "collect_outcomes", "connect_store", "post", "shutdown_peer_sockets",
+__all__ = ["RankOutcome", "blame", "collect_outcomes", "connect_store", "post", "shutdown_peer_sockets",
            "unblock", "wait"]
 
 _COMM_FAILURE_MARKERS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
@@ -64,16 +64,6 @@ def post(store: dist.Store, prefix: str, outcome: RankOutcome) -> None:
     store.set(f"{prefix}/status/{outcome.rank}", json.dumps(asdict(outcome)))
 
 
-def all_reported(store: dist.Store, prefix: str, world: int, wait_s: float) -> bool:
-    keys = [f"{prefix}/status/{r}" for r in range(world)]
-    deadline = time.time() + wait_s
-    while not store.check(keys):
-        if time.time() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
-
-
 def collect_outcomes(store: dist.Store, prefix: str, world: int, timeout_s: float) -> tuple[list[RankOutcome], list[int]]:
     """Every rank's outcome, waiting at most ``timeout_s`` in all; and the ranks that never reported."""
     deadline = time.time() + timeout_s
@@ -104,17 +94,15 @@ def blame(outcomes: list[RankOutcome], missing: dict[int, str | None], timeout_s
     phase is furthest behind; the message says where every rank was.
     """
     failed = [o for o in outcomes if not o.ok]
+    rank_errors = {str(o.rank): f"{o.exc_type}: {o.exc_msg}" for o in failed}
     dead = [o for o in failed if o.exc_type == "Signal"]  # a forked cell's process killed by a signal
     if dead:
         first = min(dead, key=lambda o: (o.t_fail or 0.0, o.rank))
         return dict(status="crash", exc_type="Signal", exc_msg=first.exc_msg, failing_rank=first.rank,
-                    traceback=first.traceback, failed_ranks=sorted(o.rank for o in failed),
-                    rank_errors={str(o.rank): f"{o.exc_type}: {o.exc_msg}" for o in failed})
+                    traceback=first.traceback, failed_ranks=sorted(o.rank for o in failed), rank_errors=rank_errors)
     own = [o for o in failed if not o.comm_failure and not o.timed_out]
     phases = {o.rank: o.phase for o in outcomes} | missing
-    where = "; ".join(f"rank {r} in {p!r}" for r, p in sorted(phases.items()) if p)
-    fields: dict[str, Any] = dict(failed_ranks=sorted({o.rank for o in failed} | set(missing)),
-                                  rank_errors={str(o.rank): f"{o.exc_type}: {o.exc_msg}" for o in failed})
+    fields: dict[str, Any] = dict(failed_ranks=sorted({o.rank for o in failed} | set(missing)), rank_errors=rank_errors)
     if own or not (missing or any(o.timed_out for o in failed)):
         primary = sorted(own or failed, key=lambda o: (o.comm_failure, o.t_fail or 0.0, o.rank))[0]
         return fields | dict(status="error", exc_type=primary.exc_type, exc_msg=primary.exc_msg,

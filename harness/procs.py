@@ -12,18 +12,21 @@ does not reach them, and a worker blocked in a gloo collective may ignore SIGTER
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import psutil
 
-__all__ = ["die_with_parent", "kill_tree", "start", "tree"]
+__all__ = ["die_with_parent", "kill_tree", "on_stop_signals", "start", "tree"]
 
 _PR_SET_PDEATHSIG = 1
 
@@ -40,6 +43,21 @@ def die_with_parent(sig: int = signal.SIGKILL) -> None:
     libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
     if os.getppid() != parent or parent == 1:
         os._exit(1)
+
+
+@contextlib.contextmanager
+def on_stop_signals(handler: Callable[[int, Any], None]) -> Iterator[None]:
+    """``handler`` answers SIGINT and SIGTERM inside the block; the previous handlers come
+    back after it. Off the main thread (where Python cannot set handlers) nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, previous in old.items():
+            signal.signal(s, previous)
 
 
 def start(cmd: Sequence[str], *, env: dict[str, str], cwd: Path, log: Path) -> subprocess.Popen:

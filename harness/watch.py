@@ -26,12 +26,8 @@ class Watch:
         return {i: t for i, t in self.starts.items() if i not in self.recorded}
 
     def _read_progress(self) -> None:
-        with open(self.progress_path, encoding="utf-8") as f:
-            f.seek(self.progress_offset)
-            chunk = f.read()
-        complete = chunk[: chunk.rfind("\n") + 1]
-        self.progress_offset += len(complete.encode())
-        for line in complete.splitlines():
+        lines, self.progress_offset = _complete_lines(self.progress_path, self.progress_offset)
+        for line in lines:
             event = json.loads(line)
             if event["event"] == "start":
                 self.starts[event["cell"]] = event["t"]
@@ -39,13 +35,9 @@ class Watch:
 
     def new_records(self) -> list[Record]:
         """Records of this launch appended since the last call."""
-        with open(self.out_path, "rb") as f:
-            f.seek(self.offset)
-            chunk = f.read()
-        complete = chunk[: chunk.rfind(b"\n") + 1]
-        self.offset += len(complete)
+        lines, self.offset = _complete_lines(self.out_path, self.offset)
         out = []
-        for line in complete.decode("utf-8").splitlines():
+        for line in lines:
             try:
                 rec = Record.from_json(line)
             except RecordError:
@@ -55,3 +47,13 @@ class Watch:
                 out.append(rec)
         self._read_progress()
         return out
+
+
+def _complete_lines(path: Path, offset: int) -> tuple[list[str], int]:
+    """The whole lines appended to ``path`` since byte ``offset`` (a line still being
+    written waits for the next call), and the offset after them."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        chunk = f.read()
+    complete = chunk[: chunk.rfind(b"\n") + 1]
+    return complete.decode("utf-8").splitlines(), offset + len(complete)
