@@ -34,6 +34,8 @@ __all__ = ["CellRun"]
 
 #: how long past the deadline the judge waits for the slot's other ranks
 _REPORT_GRACE_S = 2.0
+#: how long past a cell's deadline the other ranks wait for the judge's record
+_RECORDED_GRACE_S = 30.0
 
 
 @dataclass(kw_only=True)
@@ -84,12 +86,17 @@ class CellRun:
             peers.shutdown_peer_sockets()
         peers.post(self.store, prefix, outcome)
         if rank != 0:
-            recorded = peers.wait(self.store, [f"{prefix}/recorded"], t0 + cell.timeout_s + 30 - time.time())
+            recorded = self.wait_recorded(cell, t0=t0)
             self.watchdog.disarm()
             return recorded and not self.store.check([f"{prefix}/abandoned"])
         missing = self.judge(cell, t0=t0, observed=observed, fields=fields, slot_rank0=slot_rank0)
         self.watchdog.disarm()
         return not missing
+
+    def wait_recorded(self, cell: Cell, *, t0: float) -> bool:
+        """A rank other than the judge: wait (bounded) until the judge has written the cell's record."""
+        prefix = f"{self.plan.launch_id}/{cell.index}"
+        return peers.wait(self.store, [f"{prefix}/recorded"], t0 + cell.timeout_s + _RECORDED_GRACE_S - time.time())
 
     def judge(self, cell: Cell, *, t0: float, observed: list[StepSnapshot] | None, fields: dict[str, Any],
               slot_rank0: int) -> list[int]:

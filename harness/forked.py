@@ -94,7 +94,7 @@ class Zygote:
         if rank == 0:  # the judge's cell process died before it wrote the record: judge here
             run.judge(cell, t0=t0, observed=None, fields={}, slot_rank0=slot_rank0)
         else:
-            peers.wait(run.store, [f"{prefix}/recorded"], t0 + cell.timeout_s + 30 - time.time())
+            run.wait_recorded(cell, t0=t0)
         return True
 
     def fork_cell(self, cell: Cell, *, slot_rank0: int, rank: int, t0: float) -> int | None:

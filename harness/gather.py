@@ -5,10 +5,9 @@ HSDP): each rank copies its local pieces with their global offsets when a snapsh
 taken (``Deferred.capture``), and sends every snapshot of the cell in one
 ``gather_object`` at the end (``Deferred.flush``: the pieces' bytes packed into one
 buffer per snapshot); the first rank writes them into full tensors. One collective per
-cell instead of one per snapshot (at 4 ranks on 2 cores each collective waits for the
-slowest rank) and no pickling of tensors one by one. One collective per
-snapshot instead of one per tensor (at 4 ranks on 2 cores the per-tensor all-gathers
-were most of a cell's time). Other placements (tensor parallel's ``_StridedShard``, ...)
+cell instead of one per tensor or per snapshot (at 4 ranks on 2 cores each collective
+waits for the slowest rank, and per-tensor all-gathers were most of a cell's time), and
+no pickling of tensors one by one. Other placements (tensor parallel's ``_StridedShard``, ...)
 take the general path: agree on presence, then ``full_tensor()`` each.
 
 Both paths report grad presence that differs across ranks instead of desynchronizing.
