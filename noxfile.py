@@ -22,8 +22,8 @@ from nox.command import CommandFailed
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 
-from harness.envs import torch_install_args  # noqa: E402
-from harness.matrix import load_matrix  # noqa: E402
+from harness.envs.install import torch_install_args  # noqa: E402
+from harness.envs.matrix import load_matrix  # noqa: E402
 
 nox.options.reuse_existing_virtualenvs = True
 

@@ -26,11 +26,11 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from harness.launch import LaunchOptions, run_cells  # noqa: E402
-from harness.plan import plan_cells  # noqa: E402
-from harness.record import Record  # noqa: E402
-from harness.registry import load_scenarios  # noqa: E402
-from harness.runner import RunRequest, run  # noqa: E402
+from harness.launch.launcher import LaunchOptions, run_cells  # noqa: E402
+from harness.launch.pipeline import RunRequest, run  # noqa: E402
+from harness.plan.cells import plan_cells  # noqa: E402
+from harness.results.record import Record  # noqa: E402
+from harness.scenario.load import load_scenarios  # noqa: E402
 
 print = functools.partial(print, flush=True)  # noqa: A001 (figures show as they are measured)
 

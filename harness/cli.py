@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 
 from harness import console
-from harness.names import VARIANTS
-from harness.record import RecordError
+from harness.results.record import RecordError
+from harness.vocabulary import VARIANTS
 
 __all__ = ["main"]
 
@@ -151,7 +151,7 @@ def parse_mapping(items: list[str]) -> dict[str, str]:
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
-    from harness.registry import load_scenarios
+    from harness.scenario.load import load_scenarios
 
     rows = [(s.name, ",".join(map(str, s.world_sizes)), ",".join(s.devices), ",".join(s.patches) or "-", s.summary)
             for s in load_scenarios(args.scenarios_dir).scenarios.values()]
@@ -163,7 +163,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from harness.runner import RunRequest, run
+    from harness.launch.pipeline import RunRequest, run
 
     if args.nnodes < 1 or not 0 <= args.node_rank < args.nnodes:
         raise ValueError(f"--node-rank must be in [0, {args.nnodes}) with --nnodes {args.nnodes}")
@@ -199,7 +199,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_repro(args: argparse.Namespace) -> int:
-    from harness.repro import ReproRequest, format_report, launch_hint, repro
+    from harness.repro.local import ReproRequest, format_report, launch_hint, repro
 
     req = ReproRequest(scenario=args.scenario, world_size=args.world_size, variant=args.variant, device=args.device,
                        patches=args.patches, patch_mapping=parse_mapping(args.patch_map), timeout_s=args.timeout,
@@ -214,7 +214,7 @@ def _cmd_repro(args: argparse.Namespace) -> int:
 
 def _cmd_diff(args: argparse.Namespace) -> int:
     _needs_report_deps()
-    from harness.diff import diff_runs, load_side
+    from harness.results.diff import diff_runs, load_side
 
     result = diff_runs(load_side(args.old), load_side(args.new))
     text = result.markdown()
@@ -236,8 +236,8 @@ def _needs_report_deps() -> None:
 
 def _cmd_report(args: argparse.Namespace) -> int:
     _needs_report_deps()
-    from harness.report import write_outputs
-    from harness.tables import build_tables
+    from harness.results.report import write_outputs
+    from harness.results.tables import build_tables
 
     tables = build_tables(args.records or ["runs"])
     written = write_outputs(tables, args.out)
@@ -259,7 +259,7 @@ class _Interrupted(Exception):
 
 def _interruptible() -> contextlib.AbstractContextManager[None]:
     """SIGINT/SIGTERM before the launcher takes over: stop at once, with one line."""
-    from harness.procs import on_stop_signals
+    from harness.process.tree import on_stop_signals
 
     def stop(signum, frame):
         raise _Interrupted(signum)

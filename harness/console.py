@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from harness.record import Record
+from harness.results.record import Record
 
 __all__ = ["Progress", "print_summary", "say_start"]
 

@@ -11,7 +11,7 @@ skipped cell is skipped. JUnit XML comes from pytest's own ``--junitxml``.
 Cells still run batched: the first item of a (device, world size) group that a worker
 runs launches every cell of that group, in one torchrun. Under pytest-xdist the groups
 are kept whole on one worker (``--dist loadgroup``; node ids end in ``@cpu-w2``), and each
-worker takes a disjoint slice of the GPUs (``harness.gpus``). The records go to
+worker takes a disjoint slice of the GPUs (``harness.process.gpus``). The records go to
 ``--fsdp-compat-out`` (one file per worker under xdist).
 """
 
@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from harness.names import DEVICES, VARIANTS
+from harness.vocabulary import DEVICES, VARIANTS
 
 __all__ = ["CellItem"]
 
@@ -68,9 +68,9 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     if not config.getoption("fsdp_compat"):
         return
     from harness.cli import parse_mapping
-    from harness.patch_source import check_patch_names, deployed_patches, locate
-    from harness.plan import all_patch_names, plan_cells
-    from harness.registry import load_scenarios, select
+    from harness.plan.cells import all_patch_names, plan_cells
+    from harness.scenario.load import load_scenarios, select
+    from harness.undertest.source import check_patch_names, deployed_patches, locate
 
     opt = config.getoption
     library = load_scenarios(opt("fsdp_compat_scenarios_dir"))
@@ -128,7 +128,7 @@ class _Batch:
     def _run(self, cells: list) -> None:
         import os
 
-        from harness.launch import LaunchOptions, run_cells
+        from harness.launch.launcher import LaunchOptions, run_cells
 
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
         out = self.config.getoption("fsdp_compat_out")

@@ -112,7 +112,7 @@ def _default_signals() -> None:
 
 def _check(r: Round, code: int, output: str, out: Path, folder: Path, timeout_s: float, sent_at: float | None,
            wall: float, ended: float) -> dict:
-    from harness.record import Record
+    from harness.results.record import Record
 
     problems = []
     planned = int(m.group(1)) if (m := re.search(r"^(\d+) cells -> ", output, re.M)) else None

@@ -1,22 +1,11 @@
+"""pytest hooks for the suite: it must leave no harness process behind."""
+
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-FIXTURE_SCENARIOS = ROOT / "tests" / "fixtures" / "scenarios"
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-
-def make_record(**fields):
-    """A ``harness.record.Record`` with the required fields filled in (tests override any)."""
-    from harness.record import Record
-
-    base = {"run_id": "r", "started_at": "2026-11-20T10:00:00Z", "scenario": "s", "variant": "vanilla",
-            "device": "cpu", "world_size": 2, "torch": "2.13.0", "status": "pass"}
-    data = {**base, **fields}
-    data.setdefault("expected", data["status"])
-    data.setdefault("as_expected", data["status"] in str(data["expected"]).split("|"))
-    return Record.from_json(data)
+from tests.support import ROOT  # noqa: E402
 
 
 def pytest_sessionstart(session):
@@ -39,7 +28,7 @@ def pytest_sessionfinish(session, exitstatus):
         found = []
         for p in psutil.process_iter(["pid", "cmdline", "create_time"]):
             cmd = " ".join(p.info["cmdline"] or [])
-            if (p.info["create_time"] or 0) >= started - 1 and ("harness.worker" in cmd or "torch.distributed.run" in cmd) \
+            if (p.info["create_time"] or 0) >= started - 1 and ("harness.rank.worker" in cmd or "torch.distributed.run" in cmd) \
                     and any(m in cmd for m in markers):
                 found.append(p)
         return found

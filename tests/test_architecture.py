@@ -1,47 +1,79 @@
-"""The shape of harness/: small modules, no import cycles."""
+"""The shape of harness/: role folders, small modules, no import cycles between folders."""
 
 import ast
 
-from tests.conftest import ROOT
+from tests.support import ROOT
 
 HARNESS = ROOT / "harness"
+MODULES = sorted(p for p in HARNESS.rglob("*.py"))
 
 
-def _imports(path):
-    deps = set()
+def _unit(path) -> str:
+    """A folder of harness/ ("train"), or a top-level module ("cli")."""
+    rel = path.relative_to(HARNESS)
+    return rel.parts[0] if len(rel.parts) > 1 else rel.stem
+
+
+def _harness_imports(path) -> set[str]:
+    """Dotted harness modules that ``path`` imports (``harness.train.recipe``, ``harness.cli``)."""
+    found = set()
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("harness"):
-            parts = node.module.split(".")
-            deps |= {a.name for a in node.names} if len(parts) == 1 else {parts[1]}
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "harness":
+            if node.module == "harness":
+                found |= {f"harness.{a.name}" for a in node.names}
+            else:
+                found.add(node.module)
         elif isinstance(node, ast.Import):
-            deps |= {a.name.split(".")[1] for a in node.names if a.name.startswith("harness.")}
-    return deps
+            found |= {a.name for a in node.names if a.name.startswith("harness.")}
+    return found
 
 
 def test_no_module_over_300_lines():
-    long = {p.name: n for p in HARNESS.glob("*.py") if (n := len(p.read_text().splitlines())) > 300}
+    long = {str(p.relative_to(HARNESS)): n for p in MODULES if (n := len(p.read_text().splitlines())) > 300}
     assert long == {}
 
 
-def test_no_import_cycle():
-    modules = {p.stem for p in HARNESS.glob("*.py")}
-    graph = {p.stem: _imports(p) & modules - {p.stem} for p in HARNESS.glob("*.py")}
+def test_at_most_15_modules_at_the_top():
+    top = sorted(p.name for p in HARNESS.glob("*.py"))
+    assert len(top) <= 15, top
+
+
+def test_every_folder_says_its_role_in_one_line():
+    for folder in (p for p in HARNESS.iterdir() if p.is_dir() and not p.name.startswith(("_", "."))
+                   and p.name != "templates"):
+        init = folder / "__init__.py"
+        assert init.is_file(), f"{folder.name}/ has no __init__.py"
+        doc = ast.get_docstring(ast.parse(init.read_text()))
+        assert doc and len(doc.splitlines()) == 1, f"{folder.name}/__init__.py: the role in one line"
+
+
+def test_no_import_cycle_between_folders():
+    graph: dict[str, set[str]] = {}
+    for path in MODULES:
+        unit = _unit(path)
+        deps = {m.split(".")[1] for m in _harness_imports(path) if len(m.split(".")) > 1}
+        graph.setdefault(unit, set()).update(deps - {unit})
     done: set[str] = set()
 
     def visit(name, path):
         assert name not in path, "import cycle: " + " -> ".join([*path, name])
         if name in done:
             return
-        for dep in graph[name]:
+        for dep in sorted(graph.get(name, ())):
             visit(dep, [*path, name])
         done.add(name)
 
-    for name in graph:
+    for name in sorted(graph):
         visit(name, [])
 
 
-def test_the_vocabulary_module_is_torch_free():
-    tree = ast.parse((HARNESS / "names.py").read_text())
-    imported = {a.name for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names}
-    imported |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
-    assert imported <= {"annotations", "__future__"}
+def test_results_and_scenario_scan_need_no_torch():
+    """The report, diff and matrix checks run where torch is not installed (nox's own process)."""
+    torch_free = [HARNESS / "vocabulary.py", HARNESS / "scenario" / "scan.py", HARNESS / "envs" / "matrix.py",
+                  *(HARNESS / "results").glob("*.py")]
+    for path in torch_free:
+        tree = ast.parse(path.read_text())
+        top_level = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+        names = {a.name for n in top_level if isinstance(n, ast.Import) for a in n.names}
+        names |= {n.module for n in top_level if isinstance(n, ast.ImportFrom) and n.module}
+        assert not {n for n in names if n.split(".")[0] == "torch"}, f"{path.name} imports torch at module level"

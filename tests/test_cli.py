@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from tests.conftest import ROOT
+from tests.support import ROOT
 
 
 def _cli(*args, timeout=300):

@@ -4,9 +4,9 @@ import pytest
 import torch
 from torch import nn
 
-from harness.compare import compare_runs
-from harness.reference import run_reference
 from harness.spec import Scenario, Sharding, accumulate, default_forward
+from harness.train.compare import compare_runs
+from harness.train.reference import run_reference
 from scenarios._models import MLP, randn_batch
 
 

@@ -5,8 +5,8 @@
 import pytest
 
 from harness.cli import main as cli_main
-from harness.diff import diff_runs, load_side
-from harness.report import build_report
+from harness.results.diff import diff_runs, load_side
+from harness.results.report import build_report
 from tests.test_report import record, write_jsonl
 
 A = "unused_param_reduction"

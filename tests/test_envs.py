@@ -1,4 +1,4 @@
-from harness.envs import cpu_overrides, torch_install_args
+from harness.envs.install import cpu_overrides, torch_install_args
 
 
 def test_cpu_overrides_drop_triton_and_share_cuda_libraries_per_major():
@@ -13,7 +13,7 @@ def test_install_args_prefer_a_local_cpu_wheel(tmp_path, monkeypatch):
     wheels = tmp_path / "wheels"
     wheels.mkdir()
     (wheels / "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl").write_bytes(b"")
-    monkeypatch.setattr("harness.envs.LOCAL_WHEELS", [])
+    monkeypatch.setattr("harness.envs.install.LOCAL_WHEELS", [])
     monkeypatch.setenv("FSDP_COMPAT_WHEELS", str(wheels))
     args = torch_install_args("2.13.0", "cpu", tmp_path / "venv")
     assert args[:1] == ["torch==2.13.0"] and args[-2:] == ["--find-links", str(wheels)]

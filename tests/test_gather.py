@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from harness.gather import _pack, _unpack
+from harness.train.gather import _pack, _unpack
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64,

@@ -1,6 +1,6 @@
 import pytest
 
-from harness.gpus import gpu_slice, skip_reason, visible_gpus, worker_slot
+from harness.process.gpus import gpu_slice, skip_reason, visible_gpus, worker_slot
 
 EIGHT = [str(i) for i in range(8)]
 
@@ -41,7 +41,7 @@ def test_skip_reasons():
 
 
 def test_backend_per_device_from_scenarios():
-    from harness.registry import load_scenarios
+    from harness.scenario.load import load_scenarios
 
     s = load_scenarios().scenarios
     assert s["plain"].backend_for("cpu") == "gloo" and s["plain"].backend_for("cuda") == "nccl"
@@ -53,8 +53,8 @@ def test_backend_per_device_from_scenarios():
 def test_gpu_smoke_cells_exist_at_world_size_1_on_cuda():
     import importlib.util
 
-    from harness.registry import load_scenarios
-    from tests.conftest import ROOT
+    from harness.scenario.load import load_scenarios
+    from tests.support import ROOT
 
     spec = importlib.util.spec_from_file_location("noxfile_under_test", ROOT / "noxfile.py")
     noxfile = importlib.util.module_from_spec(spec)

@@ -4,17 +4,17 @@ import subprocess
 import sys
 import textwrap
 
-from tests.conftest import ROOT
+from tests.support import ROOT
 
 
 def test_snapshot_restores_torch_and_reinstall_is_fresh():
     script = textwrap.dedent('''
         import importlib, sys
-        from harness.isolation import TorchSnapshot, forget_module
+        from harness.undertest.undo import TorchSnapshot, forget_module
         assert "torch.distributed.fsdp._fully_shard._fsdp_param" not in sys.modules  # snapshot must load it
         snap0 = TorchSnapshot.take()
         from torch.distributed.fsdp._fully_shard import _fsdp_collectives, _fsdp_param_group
-        from harness.patching import install_patches, load_patches_module
+        from harness.undertest.install import install_patches, load_patches_module
 
         names = ["unused_param_reduction", "uniform_reduce_dtype", "accumulated_grad_guard",
                  "restore_unused_param_grads"]

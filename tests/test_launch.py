@@ -10,10 +10,10 @@ import time
 import psutil
 import pytest
 
-from harness.launch import LaunchOptions, run_cells
-from harness.plan import plan_cells
-from harness.registry import load_scenarios
-from tests.conftest import FIXTURE_SCENARIOS, ROOT
+from harness.launch.launcher import LaunchOptions, run_cells
+from harness.plan.cells import plan_cells
+from harness.scenario.load import load_scenarios
+from tests.support import FIXTURE_SCENARIOS, ROOT
 
 pytestmark = pytest.mark.slow
 
@@ -108,7 +108,7 @@ def test_a_signal_stops_the_run_reaps_everything_and_nothing_is_written_after(tm
         time.sleep(0.2)  # wait until a cell has finished and the hanging one runs
     assert out.read_text().count("\n") == 1, "the first cell never finished"
     workers = [p for p in psutil.Process(proc.pid).children(recursive=True)]
-    assert any("harness.worker" in " ".join(p.cmdline()) for p in workers)
+    assert any("harness.rank.worker" in " ".join(p.cmdline()) for p in workers)
     t0 = time.time()
     proc.send_signal(sig)
     output, _ = proc.communicate(timeout=30)

@@ -1,7 +1,7 @@
 import pytest
 
-from harness.matrix import load_matrix, parse_matrix
-from tests.conftest import ROOT
+from harness.envs.matrix import load_matrix, parse_matrix
+from tests.support import ROOT
 
 
 def test_committed_matrix_is_valid_and_has_the_default_cpu_set():

@@ -4,14 +4,14 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.support import ROOT
 
 sys.path.insert(0, str(ROOT / "tests"))
 import mutation  # noqa: E402
 
 
 def test_every_mutant_changes_exactly_one_place_and_names_real_scenarios(tmp_path):
-    from harness.registry import load_scenarios
+    from harness.scenario.load import load_scenarios
 
     names = set(load_scenarios().scenarios)
     assert len(mutation.MUTANTS) >= 12 and len({m.name for m in mutation.MUTANTS}) == len(mutation.MUTANTS)

@@ -5,8 +5,8 @@ import sys
 
 import pytest
 
-from harness.patch_source import check_patch_names, locate
-from tests.conftest import ROOT
+from harness.undertest.source import check_patch_names, locate
+from tests.support import ROOT
 
 
 def test_own_module_names_version_and_hash():
@@ -49,7 +49,7 @@ def test_cli_stops_on_a_typo_in_one_line(tmp_path):
 
 
 def test_a_misspelt_function_in_the_module_is_warned_about(tmp_path):
-    from harness.patch_source import near_misses
+    from harness.undertest.source import near_misses
 
     module = tmp_path / "third.py"
     module.write_text("def patch_fsdp_unused_param_reductoin():\n    pass\n\n"

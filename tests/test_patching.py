@@ -2,7 +2,7 @@ import textwrap
 
 import pytest
 
-from harness.patching import install_patches, load_patches_module, resolve
+from harness.undertest.install import install_patches, load_patches_module, resolve
 
 
 @pytest.fixture

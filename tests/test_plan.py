@@ -1,7 +1,7 @@
 import pytest
 
-from harness.plan import LaunchPlan, all_patch_names, plan_cells
-from harness.schedule import group_into_launches, stages
+from harness.plan.cells import LaunchPlan, all_patch_names, plan_cells
+from harness.plan.placement import group_into_launches, stages
 from harness.spec import Scenario
 from scenarios._models import MLP, randn_batch
 
@@ -68,7 +68,7 @@ def test_stages_one_world_size_at_a_time_on_slots_of_the_largest():
 @pytest.mark.parametrize("device", ["cuda", "cpu"])
 def test_a_documented_hang_is_balanced_and_a_certain_crash_runs_last(device):
     """On cuda a certain crash ends the launch: it runs alone, last. On CPU it runs in a
-    forked process (``harness.forked``): it takes a slot like the others, last in its slot."""
+    forked process (``harness.rank.forked``): it takes a slot like the others, last in its slot."""
     from harness.spec import Expect
 
     hangs = _s("hangs", world_sizes=(2,), timeout_s=3, expect=(Expect(status="hang"),))

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from harness.plan import Cell
-from harness.record import SCHEMA, Record, RecordError, append, finish, load_records, new_record
+from harness.plan.cells import Cell
+from harness.results.record import SCHEMA, Record, RecordError, append, finish, load_records, new_record
 
 
 def _cell(**kw):

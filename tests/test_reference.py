@@ -5,9 +5,9 @@ import textwrap
 import torch
 from torch import nn
 
-from harness.reference import run_reference
 from harness.spec import Ctx, Optim, Scenario, accumulate
-from tests.conftest import ROOT
+from harness.train.reference import run_reference
+from tests.support import ROOT
 
 
 def _linear():
@@ -70,8 +70,8 @@ def test_reference_never_touches_torch_distributed():
         for name in ["init_process_group", "new_group", "all_reduce", "all_gather", "all_gather_into_tensor",
                      "reduce_scatter_tensor", "broadcast", "barrier", "all_gather_object"]:
             setattr(dist, name, forbidden)
-        from harness.reference import run_reference
-        from harness.registry import load_scenarios
+        from harness.train.reference import run_reference
+        from harness.scenario.load import load_scenarios
         n = 0
         for s in load_scenarios().scenarios.values():
             for ws in s.world_sizes:
@@ -86,8 +86,8 @@ def test_reference_never_touches_torch_distributed():
 
 
 def test_gloo_quirk_before_2_9_is_modelled_per_mesh_and_recorded():
-    from harness.reference import GLOO_AVG_SUMS, quirks_for
     from harness.spec import Sharding
+    from harness.train.reference import GLOO_AVG_SUMS, quirks_for
 
     assert quirks_for(torch_version="2.8.0+cu128", backend="gloo") == [GLOO_AVG_SUMS]
     assert quirks_for(torch_version="2.9.1", backend="gloo") == []
@@ -145,8 +145,8 @@ class _Tied(nn.Module):
 
 
 def test_per_use_upcast_from_2_15_is_modelled_for_the_first_no_sync_micro_batch():
-    from harness.reference import PER_USE_UPCAST, quirks_for
     from harness.spec import Sharding
+    from harness.train.reference import PER_USE_UPCAST, quirks_for
 
     mixed = Sharding(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     assert PER_USE_UPCAST in quirks_for(torch_version="2.15.0", backend="gloo", sharding=mixed)

@@ -12,10 +12,10 @@ import pandas as pd
 import pytest
 
 from harness.cli import main as cli_main
-from harness.decisions import lifecycle, version_ranges
-from harness.record import RecordError, load_records
-from harness.report import build_report
-from harness.tables import LONG_COLUMNS, build_tables, latest_records, records_frame, torch_sort_key
+from harness.results.decisions import lifecycle, version_ranges
+from harness.results.record import RecordError, load_records
+from harness.results.report import build_report
+from harness.results.tables import LONG_COLUMNS, build_tables, latest_records, records_frame, torch_sort_key
 
 CPU_VERSIONS = ["2.9.1", "2.11.0", "2.12.1", "2.13.0"]
 A = "unused_param_reduction"
@@ -259,7 +259,7 @@ def test_markdown_details_keep_what_needs_reading_and_shorten_texts(tmp_path: Pa
 
 
 def test_a_set_that_fails_together_blames_the_partner_broken_on_its_own(tmp_path: Path) -> None:
-    from harness.tables import build_tables
+    from harness.results.tables import build_tables
 
     def cell(scenario, patches, patched_status):
         bad = {"expected": "pass"} if patched_status != "pass" else {}

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from harness.report import PATCH_COLORS, build_report
+from harness.results.report import PATCH_COLORS, build_report
 
 CHROMIUM = Path("/usr/bin/chromium")
 WIDTH, HEIGHT = 1400, 900

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.support import ROOT
 
 pytestmark = pytest.mark.slow
 
@@ -74,7 +74,7 @@ def test_third_party_module_is_judged_needed_and_broken(tmp_path):
     assert records[("b2_mixed_dtype_late_param", "patched")]["status"] == "mismatch"
     assert res.returncode == 1  # the broken patch is an unexpected outcome
 
-    from harness.tables import build_tables
+    from harness.results.tables import build_tables
 
     tables = build_tables([out])
     summary = {row.patch: row.status for row in tables.patches.itertuples()}
@@ -99,7 +99,7 @@ def test_a_function_the_module_lacks_is_not_provided_and_the_rest_still_runs(tmp
     assert deployed["patch_install"]["uniform_reduce_dtype"]["status"] == "installed"  # the others installed
     assert deployed["patch_install"]["unused_param_reduction"]["status"] == "not-provided"
 
-    from harness.tables import build_tables
+    from harness.results.tables import build_tables
 
     tables = build_tables([out])
     assert tables.cells.iloc[0]["verdict"] == "not provided"

@@ -1,4 +1,4 @@
-"""Table-driven tests for harness.verdict: cell verdicts from the four variants, per-patch
+"""Table-driven tests for harness.results.verdict: cell verdicts from the four variants, per-patch
 statuses a maintainer acts on, caveats and unexpected notes."""
 
 from __future__ import annotations
@@ -7,7 +7,18 @@ import itertools
 
 import pytest
 
-from harness.names import (
+from harness.results.record import Record
+from harness.results.verdict import (
+    VERDICT_RULES,
+    caveats,
+    combine_patch_statuses,
+    judge,
+    match_rule,
+    outcome,
+    patch_contributions,
+    unexpected_notes,
+)
+from harness.vocabulary import (
     BACKPORT,
     DEPLOYED_BROKEN,
     EXPECTED_FAILURE,
@@ -32,18 +43,7 @@ from harness.names import (
     VARIANTS,
     VERDICTS,
 )
-from harness.record import Record
-from harness.verdict import (
-    VERDICT_RULES,
-    caveats,
-    combine_patch_statuses,
-    judge,
-    match_rule,
-    outcome,
-    patch_contributions,
-    unexpected_notes,
-)
-from tests.conftest import make_record
+from tests.support import make_record
 
 A, B, E = "unused_param_reduction", "uniform_reduce_dtype", "restore_unused_param_grads"
 

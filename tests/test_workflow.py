@@ -8,7 +8,7 @@ import sys
 import pytest
 import yaml
 
-from tests.conftest import ROOT
+from tests.support import ROOT
 
 WORKFLOW = ROOT / ".github" / "workflows" / "gpu-matrix.yml"
 
@@ -40,7 +40,7 @@ def test_plan_step_lists_the_cuda_matrix_sessions(tmp_path):
     assert "matrix(torch='2.13.0', device='cuda')" in sessions
     assert all("device='cuda'" in s for s in sessions)
     sys.path.insert(0, str(ROOT))
-    from harness.matrix import load_matrix
+    from harness.envs.matrix import load_matrix
 
     assert len(sessions) == len(load_matrix(ROOT / "matrix.yaml").device("cuda").torch)
 
@@ -64,7 +64,7 @@ def _fake_nox(tmp_path):
 
 @pytest.mark.parametrize("worse", [False, True])
 def test_the_summary_puts_what_changed_since_the_last_run_first(tmp_path, worse):
-    from harness.report import build_report
+    from harness.results.report import build_report
     from tests.test_diff import _cell, _run
 
     old = build_report([_run(tmp_path, "old", _cell("2.14.1", "error"))], tmp_path / "previous")
@@ -84,7 +84,7 @@ def test_the_summary_puts_what_changed_since_the_last_run_first(tmp_path, worse)
 
 
 def test_the_summary_says_when_there_is_no_previous_run(tmp_path):
-    from harness.report import build_report
+    from harness.results.report import build_report
     from tests.test_diff import _cell, _run
 
     build_report([_run(tmp_path, "new", _cell("2.14.1", "pass"))], tmp_path / "reports")

@@ -1,0 +1,1 @@
+"""Environments: matrix.yaml, validated strictly, and what to install for each torch version."""

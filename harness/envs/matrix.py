@@ -1,0 +1,187 @@
+"""``matrix.yaml``: load and validate strictly.
+
+Every problem is a ``ValueError`` whose message is one line naming the field, so the
+command line can print it and exit 2.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.scenario.scan import Catalog, read_catalog
+
+__all__ = ["DeviceMatrix", "Matrix", "load_matrix", "parse_matrix"]
+
+_TOP_KEYS = {"patches", "patch_map", "scenarios", "world_sizes", "timeout_s", "devices", "transformers"}
+_DEVICE_KEYS = {"torch", "world_sizes", "timeout_s"}
+_DEVICES = ("cpu", "cuda")
+_VERSION = re.compile(r"^\d+\.\d+\.\d+$")
+
+
+@dataclass(kw_only=True, frozen=True)
+class DeviceMatrix:
+    device: str
+    torch: tuple[str, ...]
+    world_sizes: tuple[int, ...]
+    timeout_s: float
+
+
+@dataclass(kw_only=True, frozen=True)
+class Matrix:
+    patches: str
+    patch_map: dict[str, str] = field(default_factory=dict)
+    scenarios: tuple[str, ...] | None = None  # None = all
+    devices: tuple[DeviceMatrix, ...] = ()
+    #: torch version range -> transformers release for the hf_ pack
+    transformers: dict[str, str] = field(default_factory=dict)
+
+    def transformers_for(self, torch_version: str) -> str | None:
+        """The transformers release the hf_ pack installs beside ``torch_version`` (None: the pack is skipped)."""
+        from packaging.specifiers import SpecifierSet
+
+        return next((v for spec, v in self.transformers.items() if torch_version in SpecifierSet(spec)), None)
+
+    def cells(self) -> list[tuple[str, str]]:
+        """(torch version, device) pairs, one nox session each."""
+        return [(v, d.device) for d in self.devices for v in d.torch]
+
+    def device(self, name: str) -> DeviceMatrix:
+        for d in self.devices:
+            if d.device == name:
+                return d
+        raise ValueError(f"matrix.yaml: device {name!r} is not in the matrix")
+
+
+def load_matrix(path: str | Path = "matrix.yaml") -> Matrix:
+    import yaml
+
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"matrix file not found: {path}")
+    try:
+        data = yaml.load(p.read_text(), Loader=_strict_loader())
+    except _DuplicateKey as e:
+        raise ValueError(f"{p.name}: {e}") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        raise ValueError(f"{p.name}: not valid YAML{where}") from e
+    return parse_matrix(data, p.name)
+
+
+class _DuplicateKey(Exception):
+    pass
+
+
+def _strict_loader():
+    """A safe loader that refuses a key given twice in one mapping (YAML keeps the last)."""
+    import yaml
+
+    class StrictLoader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            seen: dict[object, int] = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                if key in seen:
+                    raise _DuplicateKey(f"key {key!r} given twice (lines {seen[key] + 1} and "
+                                        f"{key_node.start_mark.line + 1})")
+                seen[key] = key_node.start_mark.line
+            return super().construct_mapping(node, deep=deep)
+
+    return StrictLoader
+
+
+def parse_matrix(data: Any, name: str = "matrix.yaml") -> Matrix:
+    if not isinstance(data, dict):
+        raise ValueError(f"{name}: the top level must be a mapping")
+    _no_unknown(data, _TOP_KEYS, name)
+    patches = data.get("patches", "fsdp_patches")
+    if not isinstance(patches, str) or not patches:
+        raise ValueError(f"{name}: 'patches' must be a module name or a .py path")
+    patch_map = data.get("patch_map") or {}
+    if not isinstance(patch_map, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in patch_map.items()):
+        raise ValueError(f"{name}: 'patch_map' must map patch names to function names")
+    catalog = read_catalog()
+    scenarios = data.get("scenarios", "all")
+    if scenarios == "all":
+        chosen = None
+    elif isinstance(scenarios, list) and scenarios and all(isinstance(s, str) for s in scenarios):
+        chosen = tuple(scenarios)
+        for s in chosen:
+            if s not in catalog.names:
+                raise ValueError(f"{name}: 'scenarios': unknown scenario {s!r} (see `python -m harness list`)")
+    else:
+        raise ValueError(f"{name}: 'scenarios' must be 'all' or a non-empty list of names")
+    world_sizes = _world_sizes(data.get("world_sizes", [1, 2, 4]), f"{name}: 'world_sizes'", catalog)
+    timeout = _timeout(data.get("timeout_s", 60), f"{name}: 'timeout_s'")
+    devices = data.get("devices")
+    if not isinstance(devices, dict) or not devices:
+        raise ValueError(f"{name}: 'devices' must map device names (cpu, cuda) to settings")
+    parsed = []
+    for dev, settings in devices.items():
+        where = f"{name}: devices.{dev}"
+        if dev not in _DEVICES:
+            raise ValueError(f"{name}: unknown device {dev!r} under 'devices' (choose from {', '.join(_DEVICES)})")
+        if not isinstance(settings, dict):
+            raise ValueError(f"{where} must be a mapping")
+        _no_unknown(settings, _DEVICE_KEYS, where)
+        versions = settings.get("torch")
+        if not isinstance(versions, list) or not versions:
+            raise ValueError(f"{where}.torch must be a non-empty list of versions like \"2.13.0\"")
+        for v in versions:
+            if not isinstance(v, str) or not _VERSION.match(v):
+                raise ValueError(f"{where}.torch: bad version {v!r} (write it as a quoted \"X.Y.Z\")")
+        if len(set(versions)) != len(versions):
+            raise ValueError(f"{where}.torch lists a version twice")
+        parsed.append(
+            DeviceMatrix(
+                device=dev,
+                torch=tuple(versions),
+                world_sizes=(_world_sizes(settings["world_sizes"], f"{where}.world_sizes", catalog)
+                             if "world_sizes" in settings else world_sizes),
+                timeout_s=_timeout(settings["timeout_s"], f"{where}.timeout_s") if "timeout_s" in settings else timeout,
+            )
+        )
+    return Matrix(patches=patches, patch_map=dict(patch_map), scenarios=chosen, devices=tuple(parsed),
+                  transformers=_ranges(data.get("transformers", {}), f"{name}: 'transformers'"))
+
+
+def _ranges(value: Any, where: str) -> dict[str, str]:
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+    if not isinstance(value, dict):
+        raise ValueError(f"{where} must map torch version ranges (\">=2.6\") to releases (\"5.24.0\")")
+    for spec, release in value.items():
+        try:
+            SpecifierSet(str(spec))
+        except InvalidSpecifier:
+            raise ValueError(f"{where}: bad torch version range {spec!r}") from None
+        if not isinstance(release, str) or not _VERSION.match(release):
+            raise ValueError(f"{where}: bad release {release!r} for {spec!r} (write it as a quoted \"X.Y.Z\")")
+    return {str(k): v for k, v in value.items()}
+
+
+def _no_unknown(d: dict, allowed: set[str], where: str) -> None:
+    for key in d:
+        if key not in allowed:
+            raise ValueError(f"{where}: unknown key {key!r} (allowed: {', '.join(sorted(allowed))})")
+
+
+def _world_sizes(value: Any, where: str, catalog: Catalog) -> tuple[int, ...]:
+    if not isinstance(value, list) or not value or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value):
+        raise ValueError(f"{where} must be a non-empty list of positive integers")
+    for v in value:
+        if v not in catalog.world_sizes:
+            raise ValueError(f"{where}: no scenario supports world size {v} "
+                             f"(supported: {', '.join(map(str, sorted(catalog.world_sizes)))})")
+    return tuple(value)
+
+
+def _timeout(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{where} must be a finite number of seconds > 0, got {value!r}")
+    return float(value)

@@ -1,0 +1,59 @@
+"""Follow a launch from the outside: which cells started (and on which ranks), and the
+records its workers appended."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from harness.results.record import Record, RecordError
+
+__all__ = ["Watch"]
+
+
+class Watch:
+    def __init__(self, *, progress_path: Path, out_path: Path, launch_id: str) -> None:
+        self.progress_path, self.out_path, self.launch_id = progress_path, out_path, launch_id
+        self.offset = out_path.stat().st_size
+        self.progress_offset = 0
+        self.starts: dict[int, float] = {}
+        self.ranks: dict[int, list[int]] = {}
+        self.recorded: set[int] = set()
+
+    def open_cells(self) -> dict[int, float]:
+        """Cells started and not recorded yet, with their start times."""
+        self._read_progress()
+        return {i: t for i, t in self.starts.items() if i not in self.recorded}
+
+    def _read_progress(self) -> None:
+        lines, self.progress_offset = _complete_lines(self.progress_path, self.progress_offset)
+        for line in lines:
+            event = json.loads(line)
+            if event["event"] == "start":
+                self.starts[event["cell"]] = event["t"]
+                self.ranks[event["cell"]] = event.get("ranks", [])
+
+    def new_records(self) -> list[Record]:
+        """Records of this launch appended since the last call."""
+        lines, self.offset = _complete_lines(self.out_path, self.offset)
+        out = []
+        for line in lines:
+            try:
+                rec = Record.from_json(line)
+            except RecordError:
+                continue
+            if rec.launch_id == self.launch_id:
+                self.recorded.add(rec.cell)
+                out.append(rec)
+        self._read_progress()
+        return out
+
+
+def _complete_lines(path: Path, offset: int) -> tuple[list[str], int]:
+    """The whole lines appended to ``path`` since byte ``offset`` (a line still being
+    written waits for the next call), and the offset after them."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        chunk = f.read()
+    complete = chunk[: chunk.rfind(b"\n") + 1]
+    return complete.decode("utf-8").splitlines(), offset + len(complete)

@@ -1,0 +1,249 @@
+"""Launch cells under torchrun, one launch per device, and account for every cell.
+
+The workers record the cells they finish (``harness.rank.worker``); this process follows a
+launch's progress file (cell starts, with their ranks) and the records file. A cell
+still open ``timeout_s + grace_s`` after its start (stuck where the worker's own
+watchdog cannot reach) gets the launch killed and is recorded as a hang, with where each
+of its ranks was; a launch that dies (a rank aborts) gets the cell on the dead rank
+recorded as a crash. Cells that were running beside them, or not yet started, run in a
+new launch.
+
+Every process a launch starts is reaped on every path (``harness.process.tree``): a normal end,
+a timeout, a crash, an exception in the harness, SIGINT or SIGTERM. On a signal the run
+stops launching, reaps, and returns what finished; nothing writes to the records file
+after that.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.launch.follow import Watch
+from harness.plan.cells import Cell, LaunchPlan
+from harness.plan.placement import group_into_launches, stages
+from harness.process import tree as procs
+from harness.process.crashlog import crash_cause, fatal_signal, tail
+from harness.process.gpus import gpu_slice, skip_reason, visible_gpus, worker_slot
+from harness.rank.watchdog import read_phase
+from harness.results import record
+
+__all__ = ["LaunchOptions", "RunResult", "run_cells"]
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass(kw_only=True)
+class LaunchOptions:
+    run_id: str
+    out_path: Path
+    log_dir: Path
+    patches_module: str = "fsdp_patches"
+    patches_module_id: str = ""
+    patch_mapping: dict[str, str] = field(default_factory=dict)
+    scenario_dirs: list[str] = field(default_factory=list)
+    #: save each passing-or-mismatching cell's observed tensors here (``torch.save``)
+    dump_dir: Path | None = None
+    python: str = sys.executable
+    #: multi-node: every node runs this launcher with the same cells and ``run_id``; node 0
+    #: (global rank 0) writes the records. Launches are not repeated across nodes: after a
+    #: hang or crash node 0 records the cells that did not run.
+    nnodes: int = 1
+    node_rank: int = 0
+    rdzv_endpoint: str | None = None
+    #: "device": one launch per device, smaller world sizes on slots of its ranks;
+    #: "world-size": one launch per device and world size (the older plan)
+    per: str = "device"
+    #: "snapshot": patch sets share a launch and are undone in turn; "process": a launch per set
+    isolate: str = "snapshot"
+    #: how long past a cell's deadline the launcher waits for the worker's own watchdog
+    grace_s: float = 5.0
+    #: how long a launch may take to start its first cell (imports, rendezvous)
+    startup_timeout_s: float = 180.0
+    on_record: Callable[[record.Record], None] | None = None
+
+
+@dataclass(kw_only=True)
+class RunResult:
+    records: list[record.Record] = field(default_factory=list)
+    #: cells that did not run because the run was interrupted
+    not_run: list[Cell] = field(default_factory=list)
+    #: the signal that interrupted the run (SIGINT, SIGTERM), if any
+    signal: int | None = None
+    launches: int = 0
+
+
+def run_cells(cells: list[Cell], opts: LaunchOptions) -> RunResult:
+    """Run every cell; every cell ends with a record, unless a signal stops the run."""
+    opts.log_dir.mkdir(parents=True, exist_ok=True)
+    opts.out_path.parent.mkdir(parents=True, exist_ok=True)
+    opts.out_path.touch()
+    result = RunResult()
+    with _stop_on_signals(result):
+        for group in group_into_launches(cells, per=opts.per, isolate=opts.isolate):
+            remaining = _skip_without_gpus(group, opts, result)
+            while remaining and result.signal is None:
+                remaining = _launch(remaining, opts, result)
+                if remaining and opts.nnodes > 1:
+                    if opts.node_rank == 0:
+                        msg = "not run: the multi-node launch ended before this cell (no relaunch across nodes)"
+                        for cell in remaining:
+                            _accept(_outside(cell, opts, "error", time.time(), None, exc_msg=msg), result, opts)
+                    remaining = []
+    done = {r.cell for r in result.records}
+    result.not_run = [c for c in cells if c.index not in done]
+    return result
+
+
+def _stop_on_signals(result: RunResult) -> contextlib.AbstractContextManager[None]:
+    """SIGINT/SIGTERM set ``result.signal``; the launch loop then reaps and stops."""
+    def stop(signum: int, frame: Any) -> None:
+        result.signal = signum
+
+    return procs.on_stop_signals(stop)
+
+
+def _skip_without_gpus(group: list[Cell], opts: LaunchOptions, result: RunResult) -> list[Cell]:
+    if group[0].device != "cuda":
+        return group
+    world = max(c.world_size for c in group) // opts.nnodes
+    gpus = gpu_slice(visible_gpus(), *worker_slot(), world)
+    keep = []
+    for cell in group:
+        reason = skip_reason("cuda", cell.world_size // opts.nnodes, gpus)
+        if reason is None:
+            keep.append(cell)
+        else:
+            _accept(_outside(cell, opts, "skip", time.time(), None, reason=reason), result, opts)
+    return keep
+
+
+def _launch(cells: list[Cell], opts: LaunchOptions, result: RunResult) -> list[Cell]:
+    """One torchrun over ``cells``; returns the cells still to run."""
+    world = max(c.world_size for c in cells)
+    result.launches += 1
+    suffix = "" if opts.nnodes > 1 else f"-{uuid.uuid4().hex[:6]}"  # every node derives the same id
+    launch_id = f"{opts.run_id}-L{result.launches}{suffix}"
+    plan = LaunchPlan(
+        run_id=opts.run_id, launch_id=launch_id, device=cells[0].device, world_size=world,
+        patches_module=opts.patches_module, patches_module_id=opts.patches_module_id,
+        patch_mapping=opts.patch_mapping, out_path=str(opts.out_path.resolve()),
+        progress_path=str((opts.log_dir / f"{launch_id}.progress").resolve()), phase_dir=str(opts.log_dir.resolve()),
+        log_path=str((opts.log_dir / f"{launch_id}.log").resolve()),
+        scenario_dirs=[str(Path(d).resolve()) for d in opts.scenario_dirs],
+        dump_dir=str(opts.dump_dir.resolve()) if opts.dump_dir else None, cells=cells, stages=stages(cells, world),
+    )
+    plan_path, log_path = opts.log_dir / f"{launch_id}.json", opts.log_dir / f"{launch_id}.log"
+    plan.dump(plan_path)
+    Path(plan.progress_path).write_text("")
+    watch = Watch(progress_path=Path(plan.progress_path), out_path=opts.out_path, launch_id=launch_id)
+    proc = _start(plan, plan_path, log_path, opts, world)
+    by_index = {c.index: c for c in cells}
+    killed_for: Cell | None = None
+    crashed: tuple[int, str, str] | None = None
+    try:
+        if opts.node_rank != 0:
+            proc.wait()  # rank 0 (on node 0) judges and records; this node only hosts ranks
+            return []
+        killed_for, crashed = _follow(proc, plan, log_path, watch, by_index, opts, result)
+    finally:
+        procs.kill_tree(proc.pid)  # whatever happened, nothing of this launch outlives it
+    for rec in watch.new_records():
+        _accept(rec, result, opts)
+    if result.signal is not None:
+        return [c for c in cells if c.index not in watch.recorded]
+    opened = {i: t for i, t in watch.starts.items() if i not in watch.recorded}
+    if killed_for is not None:
+        phases = "; ".join(f"rank {r} in {p!r}" for r in watch.ranks.get(killed_for.index, [])
+                           if (p := read_phase(plan.phase_file(r))))
+        msg = (f"no result {killed_for.timeout_s:g} s + {opts.grace_s:g} s after the cell started; launch killed"
+               + (f" ({phases})" if phases else ""))
+        _accept(_outside(killed_for, opts, "hang", opened.pop(killed_for.index), log_path, exc_msg=msg), result, opts)
+    elif opened:
+        exc_type, msg, rank = crash_cause(log_path) if crashed is None else (crashed[1], crashed[2], crashed[0])
+        culprits = [i for i in opened if rank in watch.ranks.get(i, [])] or list(opened)
+        for i in culprits:
+            _accept(_outside(by_index[i], opts, "crash", opened[i], log_path, exc_type=exc_type, exc_msg=msg,
+                             failing_rank=rank), result, opts)
+    elif not watch.starts or not watch.recorded:
+        # The launch recorded nothing (it failed before or between cells): say why once for
+        # every cell, and do not loop.
+        exc_type, msg, _ = crash_cause(log_path)
+        for cell in cells:
+            if cell.index not in watch.recorded:
+                _accept(_outside(cell, opts, "error", time.time(), log_path, exc_type=exc_type,
+                                 exc_msg=f"launch failed before the cell: {msg}"), result, opts)
+    done = {r.cell for r in result.records}
+    return [c for c in cells if c.index not in done]
+
+
+def _follow(proc, plan: LaunchPlan, log_path: Path, watch: Watch, by_index: dict[int, Cell], opts: LaunchOptions,
+            result: RunResult) -> tuple[Cell | None, tuple[int, str, str] | None]:
+    """Follow the launch until it exits, is interrupted, a rank dies of a fatal signal, or a
+    cell overstays: (the cell it was killed for, (rank, exc type, message) of a dead rank)."""
+    t0 = last = time.time()
+    idle_s = max(c.timeout_s for c in by_index.values()) + 60  # no cell open, nothing new: a stuck launch
+    while proc.poll() is None:
+        for rec in watch.new_records():
+            _accept(rec, result, opts)
+            last = time.time()
+        if result.signal is not None:
+            return None, None
+        now = time.time()
+        open_cells = watch.open_cells()
+        for index, start in open_cells.items():
+            last = max(last, start)
+            if now - start > by_index[index].timeout_s + opts.grace_s:
+                return by_index[index], None
+        for rank in {r for i in open_cells for r in watch.ranks.get(i, [])}:
+            if plan.crash_file(rank).stat().st_size if plan.crash_file(rank).exists() else 0:
+                time.sleep(0.3)  # let the dying rank's C++ message reach the log
+                return None, (rank, *(fatal_signal(plan.crash_file(rank), log_path, rank)
+                                      or ("Signal", f"rank {rank} died of a fatal signal")))
+        if not watch.starts and now - t0 > opts.startup_timeout_s:
+            return None, None
+        if watch.starts and not open_cells and now - last > idle_s:
+            return None, None
+        time.sleep(0.05)
+    return None, None
+
+
+def _start(plan: LaunchPlan, plan_path: Path, log_path: Path, opts: LaunchOptions, world: int):
+    if opts.nnodes > 1:
+        assert opts.rdzv_endpoint, "multi-node runs need a rendezvous endpoint"
+        rdzv = ["--nnodes", str(opts.nnodes), "--node-rank", str(opts.node_rank), "--rdzv-endpoint", opts.rdzv_endpoint]
+    else:
+        rdzv = ["--standalone"]
+    cmd = [opts.python, "-m", "torch.distributed.run", *rdzv, "--nproc-per-node", str(world // opts.nnodes),
+           "-m", "harness.rank.worker", "--plan", str(plan_path.resolve())]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env["PYTHONPATH"] = os.pathsep.join([str(PROJECT_ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    if plan.device == "cuda":
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_slice(visible_gpus(), *worker_slot(), world // opts.nnodes))
+    log_path.write_text("$ " + " ".join(cmd) + "\n")
+    return procs.start(cmd, env=env, cwd=PROJECT_ROOT, log=log_path)
+
+
+def _accept(rec: record.Record, result: RunResult, opts: LaunchOptions) -> None:
+    result.records.append(rec)
+    if opts.on_record is not None:
+        opts.on_record(rec)
+
+
+def _outside(cell: Cell, opts: LaunchOptions, status: str, t0: float, log_path: Path | None,
+             **fields: Any) -> record.Record:
+    """A record written by the launcher for a cell its launch could not finish."""
+    if log_path is not None:
+        fields.update(log=str(log_path), traceback=tail(log_path, 60))
+    rec = record.new_record(cell, run_id=opts.run_id, launch_id="launcher", patches_module=opts.patches_module,
+                            patches_module_id=opts.patches_module_id, t0=t0, status=status, **fields)
+    record.append(opts.out_path, record.finish(rec, t0))
+    return rec

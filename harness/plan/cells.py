@@ -1,0 +1,210 @@
+"""Cells and launches: what to run, and how cells are grouped so one torchrun runs many.
+
+A cell is (scenario, variant, device, backend, world size). It carries everything its
+record needs, the expectation included, so the worker and the launcher write records
+from the cell alone. Cells that can share a process are grouped into one launch.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from harness.scenario.spec import Scenario
+from harness.vocabulary import DEVICES, VARIANTS
+
+#: per-cell timeout when neither the scenario nor the run sets one
+DEFAULT_TIMEOUT_S = 30.0
+
+__all__ = ["DEFAULT_TIMEOUT_S", "Cell", "LaunchPlan", "Stage", "all_patch_names", "plan_cells"]
+
+
+@dataclass(kw_only=True)
+class Cell:
+    index: int
+    scenario: str
+    variant: str
+    device: str
+    backend: str
+    world_size: int
+    mesh: tuple[int, ...]
+    timeout_s: float
+    #: the patches this cell installs
+    patches: tuple[str, ...] = ()
+    #: the patches its scenario names (what the verdicts credit)
+    scenario_patches: tuple[str, ...] = ()
+    #: whether the scenario's bug can show on this device at all
+    bug_observable: bool = True
+    expected: tuple[str, ...] = ("pass",)
+    expected_match: str | None = None
+    why: str = ""
+    #: the patch that fixes the documented failure, and the upstream issue of one no patch fixes
+    fixed_by: str | None = None
+    upstream: str | None = None
+    #: the scenario's public API alternative ("name (torch >= X)") and the patches it replaces
+    api: str | None = None
+    api_replaces: tuple[str, ...] = ()
+    #: 0 expected to finish cleanly, 1 to fail inside the cell, 2 may end the launch, 3 will
+    risk: int = 0
+
+    @property
+    def label(self) -> str:
+        return f"{self.scenario}[{self.variant},{self.device},w{self.world_size}]"
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Cell:
+        tuples = ("mesh", "patches", "scenario_patches", "expected", "api_replaces")
+        return cls(**{k: tuple(v) if k in tuples else v for k, v in data.items()})
+
+
+@dataclass(kw_only=True)
+class Stage:
+    """Cells of one world size; slot ``i`` runs on ranks ``[i * world_size, (i + 1) * world_size)``
+    (``harness.plan.placement`` builds them)."""
+
+    world_size: int
+    slots: list[list[int]] = field(default_factory=list)
+
+    def cells_of(self, slot: int) -> list[int]:
+        return self.slots[slot] if slot < len(self.slots) else []
+
+
+@dataclass(kw_only=True)
+class LaunchPlan:
+    """What one torchrun launch runs; written as JSON for the worker."""
+
+    run_id: str
+    launch_id: str
+    device: str
+    world_size: int
+    patches_module: str
+    patch_mapping: dict[str, str]
+    #: how records name the module under test (``harness.patch_source.PatchSource.describe``)
+    patches_module_id: str
+    out_path: str
+    progress_path: str
+    #: each rank stamps its phase into ``<phase_dir>/<launch_id>.rank<r>.phase``
+    phase_dir: str = ""
+    #: the launch's log (what the ranks print), read for the message of a process that aborted
+    log_path: str = ""
+    scenario_dirs: list[str] = field(default_factory=list)
+    dump_dir: str | None = None
+    cells: list[Cell] = field(default_factory=list)
+    #: the order and slots the cells run in (``harness.plan.placement``)
+    stages: list[Stage] = field(default_factory=list)
+
+    def cell(self, index: int) -> Cell:
+        return next(c for c in self.cells if c.index == index)
+
+    def phase_file(self, rank: int) -> Path:
+        return Path(self.phase_dir) / f"{self.launch_id}.rank{rank}.phase"
+
+    def crash_file(self, rank: int) -> Path:
+        """Where a rank's faulthandler writes if a fatal signal (SIGABRT, SIGSEGV, ...) kills it."""
+        return Path(self.phase_dir) / f"{self.launch_id}.rank{rank}.crash"
+
+    def dump(self, path: Path) -> None:
+        path.write_text(json.dumps(asdict(self), indent=1))
+
+    @classmethod
+    def load(cls, path: str) -> LaunchPlan:
+        data = json.loads(Path(path).read_text())
+        data["cells"] = [Cell.from_dict(c) for c in data["cells"]]
+        data["stages"] = [Stage(**s) for s in data["stages"]]
+        return cls(**data)
+
+
+def plan_cells(
+    scenarios: list[Scenario],
+    *,
+    world_sizes: list[int] | None,
+    devices: list[str],
+    variants: list[str],
+    explicit_scenarios: bool,
+    timeout_s: float | None = None,
+    deployed_patches: tuple[str, ...] = (),
+    torch_version: str | None = None,
+) -> list[Cell]:
+    """Every supported (scenario, variant, device, world size) combination, in order.
+
+    ``vanilla`` installs nothing; ``patched`` the scenario's own patches (only scenarios
+    that name some); ``deployed`` every patch of the module (``deployed_patches``), as
+    users ship them, which also shows whether the patches leave ordinary training alone;
+    ``api`` installs nothing and turns on the scenario's public API (only scenarios that
+    declare one).
+
+    A world size or device asked for by name for a scenario asked for by name that the
+    scenario does not support is a ``ValueError``; without named scenarios such
+    combinations are left out.
+    """
+    for d in devices:
+        if d not in DEVICES:
+            raise ValueError(f"unknown device {d!r} (choose from {', '.join(DEVICES)})")
+    for v in variants:
+        if v not in VARIANTS:
+            raise ValueError(f"unknown variant {v!r} (choose from {', '.join(VARIANTS)})")
+    for ws in world_sizes or []:
+        if ws < 1:
+            raise ValueError(f"world size must be a positive integer, got {ws}")
+    version = torch_version or _torch_version()
+    cells: list[Cell] = []
+    for s in scenarios:
+        for ws in _sizes(s, world_sizes, explicit_scenarios):
+            for d in devices:
+                if d not in s.devices:
+                    if explicit_scenarios:
+                        raise ValueError(f"scenario {s.name!r} does not support device {d!r}")
+                    continue
+                for v in variants:
+                    if (v == "patched" and not s.patches) or (v == "api" and s.api is None):
+                        continue
+                    expect = s.expected(variant=v, torch_version=version, device=d, world_size=ws)
+                    installs = {"patched": tuple(s.patches), "deployed": deployed_patches,
+                                # the API replaces its patches; the scenario's others stay
+                                "api": tuple(p for p in s.patches if s.api and p not in s.api.replaces)}.get(v, ())
+                    cells.append(Cell(
+                        index=len(cells), scenario=s.name, variant=v, device=d, backend=s.backend_for(d),
+                        world_size=ws, mesh=s.sharding.mesh_shape(ws),
+                        timeout_s=s.timeout_s or timeout_s or DEFAULT_TIMEOUT_S, patches=installs,
+                        scenario_patches=tuple(s.patches), bug_observable=d in s.bug_devices,
+                        expected=expect.status, expected_match=expect.match, why=expect.why,  # type: ignore[arg-type]
+                        fixed_by=expect.fixed_by, upstream=expect.upstream,
+                        api=s.api.describe() if s.api else None, api_replaces=s.api.replaces if s.api else (),
+                        risk=_risk(expect.status),  # type: ignore[arg-type]
+                    ))
+    return cells
+
+
+def _sizes(s: Scenario, world_sizes: list[int] | None, explicit: bool) -> list[int]:
+    sizes = []
+    for ws in world_sizes or s.world_sizes:
+        if ws in s.world_sizes:
+            sizes.append(ws)
+        elif explicit and world_sizes:
+            supported = ", ".join(str(w) for w in s.world_sizes)
+            raise ValueError(f"scenario {s.name!r} does not support world size {ws} (supports {supported})")
+    return sizes
+
+
+def all_patch_names(scenarios: list[Scenario]) -> tuple[str, ...]:
+    """Every patch any scenario names, in first-mention order (install order matters)."""
+    names: dict[str, None] = {}
+    for s in scenarios:
+        names.update(dict.fromkeys(s.patches))
+    return tuple(names)
+
+
+def _risk(statuses: tuple[str, ...]) -> int:
+    """3: certain to end the launch (a crash), 2: may end it, 1: fails inside the cell, 0: passes."""
+    if set(statuses) == {"crash"}:
+        return 3
+    if set(statuses) & {"hang", "crash"}:
+        return 2
+    return 1 if "error" in statuses else 0
+
+
+def _torch_version() -> str:
+    from importlib.metadata import version
+
+    return version("torch")

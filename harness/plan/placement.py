@@ -1,0 +1,115 @@
+"""How cells share launches, and in which order and on which ranks they run.
+
+One launch per device (``per="device"``, the default): torchrun starts the largest world
+size once, and a cell of a smaller world size runs on a slot of its ranks, slots side by
+side (a 4-rank launch runs two 2-rank cells or four 1-rank cells at once). The launch
+runs in *stages*, one world size at a time; each slot works through its own queue and
+all ranks meet at the end of a stage.
+
+Order: cells certain to end the launch come last, each in a stage of its own, so a
+relaunch after one has little left to do. That is a documented crash (the process aborts)
+on a device where cells cannot be forked: on CPU such cells run in forked processes
+(``harness.rank.forked``) and take their place in the slots like the others, last in their slot. Within
+a stage, cells are spread over the slots by their expected cost (a documented hang
+costs its timeout), longest first, a scenario's cells on one slot where that keeps the
+stage balanced; then each slot keeps vanilla first and the cells of one patch set
+together (switching sets costs a snapshot restore and a re-import).
+
+``per="world-size"`` gives the older plan, one launch per device and world size (the
+benchmark compares both); ``isolate="process"`` gives each patch set launches of its own.
+"""
+
+from __future__ import annotations
+
+import os
+
+from harness.plan.cells import Cell, Stage
+
+__all__ = ["ends_launch", "group_into_launches", "stages"]
+
+
+def group_into_launches(cells: list[Cell], *, per: str = "device", isolate: str = "snapshot") -> list[list[Cell]]:
+    """Cells that can share one torchrun launch, in first-appearance order."""
+    assert per in ("device", "world-size") and isolate in ("snapshot", "process"), (per, isolate)
+    groups: dict[tuple, list[Cell]] = {}
+    for c in cells:
+        key: tuple = (c.device,) if per == "device" else (c.device, c.world_size)
+        if isolate == "process":
+            key += (c.variant, c.patches)
+        groups.setdefault(key, []).append(c)
+    return list(groups.values())
+
+
+def stages(cells: list[Cell], world: int) -> list[Stage]:
+    """The stages of a launch of ``world`` ranks over ``cells`` (indices into the plan)."""
+    order: dict[tuple, int] = {}
+    for c in cells:
+        order.setdefault((c.variant != "vanilla", c.patches), len(order))
+    normal = [c for c in cells if not ends_launch(c)]
+    home: dict[str, int] = {}  # scenario -> first rank of the slot that ran it last
+    out = []
+    for ws in sorted({c.world_size for c in normal}, reverse=True):
+        assert world % ws == 0, f"world size {ws} does not divide the launch's {world}"
+        mine = [c for c in normal if c.world_size == ws]
+        slots = _assign(mine, min(world // ws, len(mine)), home, ws)
+        out.append(Stage(world_size=ws, slots=[
+            [c.index for c in sorted(s, key=lambda c: (c.risk, order[(c.variant != "vanilla", c.patches)], c.index))]
+            for s in slots]))
+    for c in sorted((c for c in cells if ends_launch(c)), key=lambda c: c.index):
+        out.append(Stage(world_size=c.world_size, slots=[[c.index]]))
+    return out
+
+
+def _assign(cells: list[Cell], n: int, home: dict[str, int], ws: int) -> list[list[Cell]]:
+    """Spread ``cells`` over ``n`` slots, longest first, keeping a scenario's cells on one
+    slot (and on the ranks that ran it in a larger stage) unless that unbalances the stage:
+    a process pays once for what a scenario warms up (a compiled block, a model's first
+    forward), not once per variant.
+
+    Cells that may hang are balanced on their own, one by one, and the others on theirs:
+    the stage stays short whether the hangs happen or not."""
+    slots: list[list[Cell]] = [[] for _ in range(n)]
+    hang_load, load = [0.0] * n, [0.0] * n
+    for c in sorted((c for c in cells if _hangs(c)), key=_cost, reverse=True):
+        i = min(range(n), key=lambda k: (hang_load[k], load[k]))
+        slots[i].append(c)
+        hang_load[i] += _cost(c)
+        load[i] += 0.1 * c.world_size
+    groups: dict[str, list[Cell]] = {}
+    for c in cells:
+        if not _hangs(c):
+            groups.setdefault(c.scenario, []).append(c)
+    share = sum(_cost(c) for c in cells if not _hangs(c)) / n
+    units: list[tuple[list[Cell], bool]] = []  # (cells, whether they are the scenario's whole group)
+    for group in groups.values():
+        split = len(group) > 1 and sum(map(_cost, group)) > share
+        units += [([c], False) for c in group] if split else [(group, True)]
+    for unit, whole in sorted(units, key=lambda u: sum(map(_cost, u[0])), reverse=True):
+        cost = sum(map(_cost, unit))
+        i = load.index(min(load))
+        preferred = home.get(unit[0].scenario, -1) // ws
+        if whole and 0 <= preferred < n and load[preferred] - load[i] <= cost:
+            i = preferred
+        slots[i] += unit
+        load[i] += cost
+        home[unit[0].scenario] = i * ws
+    return slots
+
+
+def ends_launch(c: Cell) -> bool:
+    """A documented crash that runs in the worker itself (no fork on its device)."""
+    return c.risk >= 3 and not (c.device == "cpu" and hasattr(os, "fork"))
+
+
+def _hangs(c: Cell) -> bool:
+    """Documented to hang, or to hang or fail otherwise (``error|hang``)."""
+    return "hang" in c.expected
+
+
+def _cost(c: Cell) -> float:
+    """Expected seconds: a documented hang waits out its timeout; one that may also fail
+    otherwise (``error|hang``) is counted as a second, as it usually fails fast; other
+    cells are short."""
+    if not _hangs(c):
+        return 0.1 * c.world_size
+    return c.timeout_s if tuple(c.expected) == ("hang",) else min(1.0, c.timeout_s)

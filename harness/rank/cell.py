@@ -1,0 +1,252 @@
+"""One cell on one rank of its slot: install its patch set, train, agree on the outcome,
+and (the slot's first rank) judge it and write its record.
+
+Every step of user code runs under the cell's deadline (``harness.rank.watchdog``): the
+patches module's import and install, process-group setup, model build, forward and
+backward, and the reference. The ranks agree on the outcome through the store
+(``harness.rank.peers``). A rank that failed shuts its collective sockets at once, so a peer
+blocked in a collective on it fails at once instead of at the timeout.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib.util
+import os
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from harness.plan.cells import Cell, LaunchPlan
+from harness.rank import peers
+from harness.rank.watchdog import CellTimeout, Watchdog, read_phase
+from harness.results import record
+from harness.scenario.spec import UNUSED_PARAMS_API, Scenario
+from harness.train import compare
+from harness.train.reference import quirks_for, run_reference
+from harness.train.step import StepSnapshot
+from harness.undertest.install import install_set, load_patches_module
+from harness.undertest.undo import TorchSnapshot, forget_module
+
+__all__ = ["CellRun"]
+
+#: how long past the deadline the judge waits for the slot's other ranks
+_REPORT_GRACE_S = 2.0
+#: how long past a cell's deadline the other ranks wait for the judge's record
+_RECORDED_GRACE_S = 30.0
+
+
+@dataclass(kw_only=True)
+class CellRun:
+    plan: LaunchPlan
+    store: dist.Store
+    watchdog: Watchdog
+    scenarios: dict[str, Scenario]
+    #: the patch set installed now, what it reported, and the utilities it provides
+    active: tuple[str, ...] = ()
+    installs: dict[str, dict[str, str]] = field(default_factory=dict)
+    utilities: dict[str, Any] = field(default_factory=dict)
+    snapshot: TorchSnapshot | None = None
+    #: patch set -> the cell whose install of it hung (it is not retried)
+    hung_sets: dict[tuple[str, ...], int] = field(default_factory=dict)
+    #: forks the processes of cells that may abort (``harness.forked.Zygote``); None: run them here
+    zygote: Any = None
+
+    def cell(self, cell: Cell, *, slot_rank0: int, rank: int) -> bool:
+        """Run ``cell`` as rank ``rank`` of its slot; False when the launch must end.
+
+        A cell that may abort the process (a documented crash or hang) runs in a forked
+        process per rank on CPU (``harness.rank.forked``), so an abort costs the cell, not the launch."""
+        t0 = time.time()
+        if rank == 0:
+            record.mark_progress(self.plan.progress_path, cell.index, "start",
+                                 ranks=list(range(slot_rank0, slot_rank0 + cell.world_size)))
+        if cell.risk >= 2 and cell.device == "cpu" and self.zygote is not None:
+            return self.zygote.run_cell(self, cell, slot_rank0=slot_rank0, rank=rank, t0=t0)
+        return self.run(cell, slot_rank0=slot_rank0, rank=rank, t0=t0)
+
+    def run(self, cell: Cell, *, slot_rank0: int, rank: int, t0: float) -> bool:
+        """The cell itself, in this process."""
+        prefix = f"{self.plan.launch_id}/{cell.index}"
+        self.watchdog.arm(cell.timeout_s)
+        observed, outcome, fields = None, peers.RankOutcome(rank=rank, ok=True), {}
+        try:
+            fields = self._prepare(cell)
+            if not fields:
+                observed = self._train(cell, prefix, rank)
+        except BaseException as e:  # CellTimeout included: the cell ends, the launch goes on
+            outcome = _failure(rank, e, self.watchdog)
+        finally:
+            _close_groups(failed=not outcome.ok)
+        if not outcome.ok:
+            # gloo keeps a failed group's sockets open: a peer blocked in a collective on this
+            # rank would wait for the timeout. Shutting them makes it fail at once.
+            peers.shutdown_peer_sockets()
+        peers.post(self.store, prefix, outcome)
+        if rank != 0:
+            recorded = self.wait_recorded(cell, t0=t0)
+            self.watchdog.disarm()
+            return recorded and not self.store.check([f"{prefix}/abandoned"])
+        missing = self.judge(cell, t0=t0, observed=observed, fields=fields, slot_rank0=slot_rank0)
+        self.watchdog.disarm()
+        return not missing
+
+    def wait_recorded(self, cell: Cell, *, t0: float) -> bool:
+        """A rank other than the judge: wait (bounded) until the judge has written the cell's record."""
+        prefix = f"{self.plan.launch_id}/{cell.index}"
+        return peers.wait(self.store, [f"{prefix}/recorded"], t0 + cell.timeout_s + _RECORDED_GRACE_S - time.time())
+
+    def judge(self, cell: Cell, *, t0: float, observed: list[StepSnapshot] | None, fields: dict[str, Any],
+              slot_rank0: int) -> list[int]:
+        """The slot's first rank: collect every rank's outcome, judge, write the record.
+        Returns the ranks that never reported."""
+        prefix = f"{self.plan.launch_id}/{cell.index}"
+        deadline = t0 + cell.timeout_s + _REPORT_GRACE_S
+        outcomes, missing = peers.collect_outcomes(self.store, prefix, cell.world_size, max(1.0, deadline - time.time()))
+        if missing:  # a rank is stuck where the watchdog cannot reach: this launch must end
+            self.store.set(f"{prefix}/abandoned", "0")
+        fields = fields or self._outcome_fields(cell, observed, outcomes, missing, slot_rank0)
+        rec = record.new_record(cell, run_id=self.plan.run_id, launch_id=self.plan.launch_id,
+                                patches_module=self.plan.patches_module,
+                                patches_module_id=self.plan.patches_module_id, t0=t0,
+                                patch_install={n: self.installs[n] for n in cell.patches if n in self.installs},
+                                **fields)
+        record.append(self.plan.out_path, record.finish(rec, t0))
+        self.store.set(f"{prefix}/recorded", "1")
+        return missing
+
+    # -- steps ------------------------------------------------------------------------
+    def _prepare(self, cell: Cell) -> dict[str, Any]:
+        """Install the cell's patch set; fields of a record that needs no training, or {}."""
+        if cell.patches in self.hung_sets:
+            return dict(status="hang", exc_type="CellTimeout", exc_msg=f"not run: installing this patch set hung in "
+                        f"cell {self.hung_sets[cell.patches]} of this launch")
+        try:
+            self._activate(cell.patches)
+        except CellTimeout:
+            self.hung_sets[cell.patches] = cell.index
+            raise
+        errors = [f"patch install error: {n}: {self.installs[n]['reason']}" for n in cell.patches
+                  if self.installs.get(n, {}).get("status") == "error"]
+        if errors:
+            return dict(status="error", exc_type="PatchInstallError", exc_msg=errors[0])
+        missing = [n for n in cell.scenario_patches if n in cell.patches
+                   and self.installs.get(n, {}).get("status") == "not-provided"]
+        if missing and cell.variant in ("patched", "api"):  # it would run as vanilla, to no purpose
+            return dict(status="skip", reason=f"not provided by the module under test: {', '.join(missing)}")
+        skip = _skip_reason(cell, self.scenarios[cell.scenario])
+        return dict(status="skip", reason=skip) if skip else {}
+
+    def _activate(self, names: tuple[str, ...]) -> None:
+        """Install a patch set; switching sets first undoes the previous one (``harness.undertest.undo``)."""
+        if names == self.active:
+            return
+        if self.snapshot is not None:
+            self.snapshot.restore()
+        self.snapshot, self.active, self.installs, self.utilities = None, names, {}, {}
+        if not names:
+            return
+        self.snapshot = TorchSnapshot.take()
+        forget_module(self.plan.patches_module)
+        try:
+            with self.watchdog.user_code("import patches"):
+                module = load_patches_module(self.plan.patches_module)
+        except ValueError as e:
+            self.installs = {n: {"status": "error", "reason": str(e)} for n in names}
+            return
+        with self.watchdog.user_code("install patches"):
+            self.installs, self.utilities = install_set(module, list(names), self.plan.patch_mapping,
+                                                        label=self.plan.patches_module)
+
+    def _train(self, cell: Cell, prefix: str, rank: int) -> list[StepSnapshot]:
+        from harness.train import fsdp as fsdp_run
+
+        scenario = self._scenario(cell)
+        with self.watchdog.user_code("init group"):
+            dist.init_process_group(backend=cell.backend, store=dist.PrefixStore(f"{prefix}/pg", self.store),
+                                    rank=rank, world_size=cell.world_size,
+                                    timeout=datetime.timedelta(seconds=cell.timeout_s))
+            return fsdp_run.train(scenario, cell, self.utilities, rank, cell.world_size, stamp=self.watchdog.stamp)
+
+    def _scenario(self, cell: Cell) -> Scenario:
+        scenario = self.scenarios[cell.scenario]
+        return scenario.with_api() if cell.variant == "api" else scenario
+
+    def _outcome_fields(self, cell: Cell, observed: list[StepSnapshot] | None, outcomes: list[peers.RankOutcome],
+                        missing: list[int], slot_rank0: int) -> dict[str, Any]:
+        if missing or not all(o.ok for o in outcomes):
+            phases = {r: read_phase(self.plan.phase_file(slot_rank0 + r)) for r in missing}
+            return peers.blame(outcomes, phases, cell.timeout_s)
+        assert observed is not None
+        if self.plan.dump_dir:
+            _dump(self.plan.dump_dir, cell, observed)
+        try:
+            with self.watchdog.user_code("reference"):
+                return _judge(self._scenario(cell), observed, cell)
+        except BaseException as e:  # a broken or hung reference must not lose the cell
+            timed_out = isinstance(e, CellTimeout)
+            return dict(status="hang" if timed_out else "error", exc_type=type(e).__name__,
+                        exc_msg=f"reference/compare {'timed out' if timed_out else 'failed'}: {e}"[:500],
+                        traceback=traceback.format_exc()[-8000:])
+
+
+def _failure(rank: int, e: BaseException, watchdog: Watchdog) -> peers.RankOutcome:
+    lines = str(e).strip().splitlines()
+    msg, fired = lines[0][:500] if lines else "", watchdog.fired
+    if isinstance(e, CellTimeout):
+        msg = f"the cell's deadline passed in {watchdog.phase!r}"
+    return peers.RankOutcome(rank=rank, ok=False, exc_type="CellTimeout" if fired else type(e).__name__, exc_msg=msg,
+                             traceback=traceback.format_exc()[-8000:], t_fail=time.time(), phase=watchdog.phase,
+                             where=watchdog.where if fired else None, in_collective=watchdog.in_collective if fired else None)
+
+
+def _close_groups(*, failed: bool) -> None:
+    """Destroy the cell's groups; after a failure abort them first (NCCL: frees
+    communicators stuck in a collective; gloo peers are released by socket shutdown)."""
+    if not dist.is_initialized():
+        return
+    abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
+    if failed and abort is not None:
+        try:
+            abort()
+        except Exception:
+            pass
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _skip_reason(cell: Cell, scenario: Scenario) -> str | None:
+    packages = dict.fromkeys(name.partition(".")[0] for name in scenario.requires)
+    missing = [name for name in packages if importlib.util.find_spec(name) is None]
+    if missing:
+        return f"needs the Python package(s) {', '.join(missing)} (pip install 'fsdp-compat[hf]')"
+    if cell.device == "cuda" and torch.cuda.device_count() < int(os.environ.get("LOCAL_WORLD_SIZE", cell.world_size)):
+        return f"needs {cell.world_size} GPUs, {torch.cuda.device_count()} visible"
+    needs = scenario.api if cell.variant == "api" else None
+    if cell.variant == "vanilla" and scenario.sharding.reduce_scatter_unused_params:
+        needs = UNUSED_PARAMS_API
+    if needs is not None and not needs.available():
+        return f"recipe needs {needs.describe()}, absent in this torch"
+    return None
+
+
+def _judge(scenario: Scenario, observed: list[StepSnapshot], cell: Cell) -> dict[str, Any]:
+    quirks = quirks_for(torch_version=torch.__version__, backend=cell.backend, sharding=scenario.sharding) if scenario.reference_quirks else []
+    result = compare.compare_runs(observed, run_reference(scenario, cell.world_size, quirks=quirks))
+    fields = {**result.as_record_fields(), "reference_quirks": quirks, "status": "pass" if result.ok else "mismatch"}
+    if result.reference_nonfinite:
+        fields.update(status="error", exc_type="ScenarioError",
+                      exc_msg=f"the reference itself is non-finite ({', '.join(result.reference_nonfinite[:3])}): "
+                              "the scenario is wrong, not FSDP2")
+    return fields
+
+
+def _dump(folder: str, cell: Cell, observed: list[StepSnapshot]) -> None:
+    """Save the observed snapshots (for determinism checks and local reproduction)."""
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"{cell.scenario}-{cell.variant}-{cell.device}-w{cell.world_size}.pt")
+    torch.save([s.__dict__ for s in observed], path)

@@ -1,0 +1,187 @@
+"""Run one cell in a forked process per rank (CPU), so an abort costs the cell, not the launch.
+
+Cells documented to crash or hang (gloo aborts the process on a collective size mismatch;
+a desynchronized cell may hang) would otherwise end the whole launch and cost a relaunch
+(seconds of imports on every rank).
+
+The cell's process is forked from a *zygote*: a copy of the worker made at its start, after
+the imports and before any cell ran. Forking the worker itself after a cell would not do:
+once FSDP2 has run a backward, CUDA builds of torch (2.11 and later, measured; the CPU wheel
+is spared) refuse autograd in a forked child ("Unable to handle autograd's threading in
+combination with fork-based multiprocessing"), and the worker's own threads (watchdog, gloo,
+store) would be copied without their state. The zygote has neither.
+
+The worker asks its zygote for a cell over a pipe; the zygote forks the cell's process,
+answers with its pid, waits for it and answers with its wait status. The worker waits at
+most the cell's deadline (plus grace), then kills it. When the cell's process died of a
+signal, the worker posts that as the rank's outcome, so the slot's judge records a crash
+naming the rank; when the judge's own cell process died, the worker judges instead. The
+launch goes on either way. Zygote and cell processes die with their parent
+(``harness.procs.die_with_parent``). CUDA cannot be used across ``fork``: cuda cells run in
+the workers themselves.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import gc
+import json
+import os
+import select
+import signal
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.plan.cells import Cell, LaunchPlan
+from harness.process.crashlog import last_what
+from harness.process.tree import die_with_parent
+from harness.rank import peers
+from harness.rank.watchdog import Watchdog, read_phase
+
+__all__ = ["Zygote"]
+
+#: how long past the cell's deadline a worker waits for its cell's process before killing it
+_CHILD_GRACE_S = 10.0
+
+
+@dataclass(kw_only=True)
+class Zygote:
+    """The worker's end of a zygote process (``Zygote.start``)."""
+
+    pid: int
+    requests: int  # fd the worker writes requests to
+    replies: int  # fd the worker reads replies from
+    _buffer: bytes = b""
+
+    @classmethod
+    def start(cls, plan: LaunchPlan, scenarios: dict) -> Zygote | None:
+        """Fork the zygote; call before any cell ran and before the worker starts threads."""
+        if not hasattr(os, "fork"):
+            return None
+        req_r, req_w = os.pipe()
+        rep_r, rep_w = os.pipe()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            os.close(req_w)
+            os.close(rep_r)
+            _serve(plan, scenarios, req_r, rep_w)
+        os.close(req_r)
+        os.close(rep_w)
+        return cls(pid=pid, requests=req_w, replies=rep_r)
+
+    def run_cell(self, run, cell: Cell, *, slot_rank0: int, rank: int, t0: float) -> bool:
+        """``run``'s ``cell`` in a process forked from the zygote; True: the launch goes on."""
+        prefix = f"{run.plan.launch_id}/{cell.index}"
+        pid = self.fork_cell(cell, slot_rank0=slot_rank0, rank=rank, t0=t0)
+        if pid is None:  # the zygote is gone: run the cell here
+            return run.run(cell, slot_rank0=slot_rank0, rank=rank, t0=t0)
+        status = self.wait(pid, t0 + cell.timeout_s + _CHILD_GRACE_S)
+        if status is None or os.WIFSIGNALED(status):
+            sig = signal.SIGKILL if status is None else os.WTERMSIG(status)
+            if not run.store.check([f"{prefix}/status/{rank}"]):
+                name = signal.Signals(sig).name
+                what = last_what(Path(run.plan.log_path)) if run.plan.log_path else None
+                peers.post(run.store, prefix, peers.RankOutcome(
+                    rank=rank, ok=False, exc_type="Signal", t_fail=time.time(), phase=_phase(run.plan, slot_rank0 + rank),
+                    exc_msg=f"rank {rank} died: signal {int(sig)} ({name})" + (f": {what}" if what else "")))
+        if run.store.check([f"{prefix}/recorded"]):
+            return True
+        if rank == 0:  # the judge's cell process died before it wrote the record: judge here
+            run.judge(cell, t0=t0, observed=None, fields={}, slot_rank0=slot_rank0)
+        else:
+            run.wait_recorded(cell, t0=t0)
+        return True
+
+    def fork_cell(self, cell: Cell, *, slot_rank0: int, rank: int, t0: float) -> int | None:
+        """The pid of a new process running ``cell``; None when the zygote is gone."""
+        try:
+            os.write(self.requests, (json.dumps(dict(index=cell.index, slot_rank0=slot_rank0, rank=rank, t0=t0))
+                                     + "\n").encode())
+        except OSError:
+            return None
+        deadline = time.time() + 30
+        while (reply := self._read(deadline)) is not None:
+            if reply.startswith("pid "):  # (a late status of a killed cell process is skipped)
+                return int(reply.split()[1])
+        return None
+
+    def wait(self, pid: int, deadline: float) -> int | None:
+        """The cell process's wait status; None when it overstayed (it is killed) or the zygote is gone."""
+        reply = self._read(deadline)
+        if reply is None:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            reply = self._read(time.time() + 10)  # the zygote reaps it and reports
+            return None
+        return int(reply.split()[1]) if reply.startswith("status ") else None
+
+    def _read(self, deadline: float) -> str | None:
+        while b"\n" not in self._buffer:
+            left = deadline - time.time()
+            if left <= 0:
+                return None
+            ready, _, _ = select.select([self.replies], [], [], min(left, 1.0))
+            if ready:
+                chunk = os.read(self.replies, 4096)
+                if not chunk:
+                    return None
+                self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return line.decode()
+
+
+def _phase(plan: LaunchPlan, global_rank: int) -> str | None:
+    return read_phase(plan.phase_file(global_rank)) if plan.phase_dir else None
+
+
+# -- the zygote's side -------------------------------------------------------------------
+def _serve(plan: LaunchPlan, scenarios: dict, requests: int, replies: int) -> None:
+    """The zygote: fork a cell process per request, report its pid and wait status."""
+    code = 0
+    try:
+        die_with_parent()
+        faulthandler.disable()  # the worker reports a cell process's death; the launch is not over
+        with os.fdopen(requests, "r") as lines:
+            for line in lines:
+                request = json.loads(line)
+                pid = os.fork()
+                if pid == 0:
+                    os.close(replies)
+                    _cell_process(plan, scenarios, **request)
+                os.write(replies, f"pid {pid}\n".encode())
+                _, status = os.waitpid(pid, 0)
+                os.write(replies, f"status {status}\n".encode())
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _cell_process(plan: LaunchPlan, scenarios: dict, *, index: int, slot_rank0: int, rank: int, t0: float) -> None:
+    from harness.rank.cell import CellRun
+
+    code = 4
+    try:
+        die_with_parent()
+        gc.freeze()
+        world = int(os.environ["WORLD_SIZE"])
+        phase_file = plan.phase_file(slot_rank0 + rank) if plan.phase_dir else None
+        run = CellRun(plan=plan, store=peers.connect_store(world, client_only=True),
+                      watchdog=Watchdog(phase_file, on_expire=peers.unblock), scenarios=scenarios)
+        code = 0 if run.run(plan.cell(index), slot_rank0=slot_rank0, rank=rank, t0=t0) else 3
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)

@@ -1,0 +1,87 @@
+"""The per-rank program that torchrun starts: runs a launch's cells, stage by stage.
+
+A stage holds the cells of one world size; this rank runs the cells of its slot
+(``harness.plan.placement``) on a process group of the slot's ranks, while the other slots
+run theirs side by side, and all ranks meet at the end of the stage. Each cell gets a
+fresh default process group (``PrefixStore`` over torchrun's store), model and
+optimizer; the slot's ranks agree on its outcome through the store (``harness.rank.peers``),
+not through the process group, so a cell that broke its group cannot break the next.
+
+Every step of user code runs under the cell's deadline (``harness.rank.watchdog``). The
+slot's first rank judges the cell (reference + comparison) and appends its record
+before the slot's next cell starts. A cell that cannot be closed cleanly (a rank never
+reports) ends the launch with exit code 3; the launcher relaunches for the rest.
+
+Usage (by the launcher): ``torchrun ... -m harness.rank.worker --plan PLAN.json``
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import importlib
+import os
+import sys
+
+import torch
+
+from harness.plan.cells import LaunchPlan
+from harness.process.tree import die_with_parent
+from harness.rank import peers
+from harness.rank.cell import CellRun
+from harness.rank.forked import Zygote
+from harness.rank.watchdog import Watchdog
+from harness.scenario.load import load_scenarios
+from harness.undertest.undo import preload
+
+__all__ = ["main"]
+
+EXIT_POISONED = 3
+
+
+def main(argv: list[str] | None = None) -> None:
+    die_with_parent()
+    parser = argparse.ArgumentParser(prog="harness.rank.worker")
+    parser.add_argument("--plan", required=True)
+    plan = LaunchPlan.load(parser.parse_args(argv).plan)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if plan.phase_dir:  # tells the launcher at once which rank a fatal signal killed
+        faulthandler.enable(file=open(plan.crash_file(rank), "w"))  # noqa: SIM115 (kept open for the process)
+    if plan.device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    scenarios = load_scenarios(plan.scenario_dirs).scenarios
+    preload()  # before the first cell's deadline runs
+    _import_requirements(plan, scenarios)
+    # before any cell, thread or store connection: cells that may abort run in its forks
+    zygote = Zygote.start(plan, scenarios) if any(c.risk >= 2 and c.device == "cpu" for c in plan.cells) else None
+    store = peers.connect_store(world)
+    watchdog = Watchdog(plan.phase_file(rank) if plan.phase_dir else None, on_expire=peers.unblock)
+    run = CellRun(plan=plan, store=store, watchdog=watchdog, scenarios=scenarios, zygote=zygote)
+    for n, stage in enumerate(plan.stages):
+        slot, local = divmod(rank, stage.world_size)
+        for index in stage.cells_of(slot):
+            if not run.cell(plan.cell(index), slot_rank0=slot * stage.world_size, rank=local):
+                _exit(EXIT_POISONED)
+        store.set(f"{plan.launch_id}/stage{n}/{rank}", "done")
+        peers.wait(store, [f"{plan.launch_id}/stage{n}/{r}" for r in range(world)], 24 * 3600)
+    _exit(0)  # avoids the frequent abort at interpreter exit after destroy_process_group()
+
+
+def _import_requirements(plan: LaunchPlan, scenarios: dict) -> None:
+    """The modules the plan's scenarios need (``Scenario.requires``), imported once here."""
+    names = dict.fromkeys(m for c in plan.cells if c.scenario in scenarios for m in scenarios[c.scenario].requires)
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except Exception:  # a missing package: its cells are skipped with the reason
+            continue
+
+
+def _exit(code: int) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,165 @@
+"""What changed between two runs: ``python -m harness diff OLD NEW``.
+
+OLD and NEW are records (``.jsonl`` files or folders of them) or a report's
+``compat.csv`` (its ``compat-patches.csv`` beside it, when there, gives the per-patch
+statuses). The result is Markdown for a CI job summary or a PR comment, and an exit
+code: 1 when anything got worse (a cell newly broken, failing unexpectedly or gone, a
+patch newly broken or not provided), 0 otherwise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from harness.results.tables import build_tables, release, sorted_torch
+from harness.vocabulary import (
+    DEPLOYED_BROKEN,
+    FIXED_UPSTREAM,
+    NOT_PROVIDED,
+    PATCH_BROKEN,
+    PS_BROKEN,
+    PS_NOT_PROVIDED,
+    REGRESSION,
+    VARIANTS,
+)
+
+__all__ = ["RunDiff", "diff_runs", "load_side"]
+
+KEY = ["device", "scenario", "world_size", "torch"]
+BAD = {PATCH_BROKEN, DEPLOYED_BROKEN, REGRESSION, NOT_PROVIDED}
+BAD_PATCH = {PS_BROKEN, PS_NOT_PROVIDED}
+
+
+@dataclass(kw_only=True)
+class Side:
+    cells: pd.DataFrame
+    patches: pd.DataFrame
+    label: str
+
+
+@dataclass(kw_only=True)
+class RunDiff:
+    worse: list[str] = field(default_factory=list)
+    better: list[str] = field(default_factory=list)
+    fixed_upstream: list[str] = field(default_factory=list)
+    patches: list[str] = field(default_factory=list)
+    patches_worse: list[str] = field(default_factory=list)
+    changed: list[str] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    added: list[str] = field(default_factory=list)
+    gone: list[str] = field(default_factory=list)
+    old: str = ""
+    new: str = ""
+
+    @property
+    def got_worse(self) -> bool:
+        return bool(self.worse or self.patches_worse or self.gone)
+
+    def markdown(self) -> str:
+        head = (f"**{len(self.worse) + len(self.patches_worse) + len(self.gone)} got worse**, "
+                f"{len(self.better)} improved, {len(self.fixed_upstream)} newly fixed upstream, "
+                f"{len(self.changed)} other verdict changes, {len(self.patches)} patch status changes, "
+                f"{len(self.texts)} changed error texts, "
+                f"{len(self.added)} cells added, {len(self.gone)} gone.")
+        out = [f"## Changes: {self.old} → {self.new}", "", head, ""]
+        for title, items in (("Got worse", self.worse), ("Patches newly broken or not provided", self.patches_worse),
+                             ("Cells gone", self.gone), ("Newly fixed upstream", self.fixed_upstream),
+                             ("Per-patch status changes", self.patches), ("Improved", self.better),
+                             ("Other verdict changes", self.changed),
+                             ("Changed error texts", self.texts), ("Cells added", self.added)):
+            if items:
+                out += [f"### {title}", "", *(f"- {i}" for i in items), ""]
+        if not any((self.worse, self.better, self.fixed_upstream, self.patches, self.changed, self.texts, self.added,
+                    self.gone)):
+            out.append("No change.")
+        return "\n".join(out).rstrip() + "\n"
+
+
+def load_side(path: str | Path) -> Side:
+    """Records (files or folders) or a report's CSV."""
+    p = Path(path)
+    if p.suffix == ".csv":
+        if not p.is_file():
+            raise ValueError(f"no such file: {p}")
+        cells = pd.read_csv(p, keep_default_na=False)
+        missing = [c for c in [*KEY, "verdict"] if c not in cells.columns]
+        if missing:
+            raise ValueError(f"{p}: not a compat.csv (no column {missing[0]!r})")
+        patches_csv = p.with_name(p.stem + "-patches.csv")
+        patches = pd.read_csv(patches_csv, keep_default_na=False) if patches_csv.is_file() else pd.DataFrame(
+            columns=["patch", "device", "torch", "status"])
+    else:
+        tables = build_tables([p])
+        cells, patches = tables.cells, tables.patches
+    cells = cells.assign(torch=[release(str(t)) for t in cells["torch"]], world_size=cells["world_size"].astype(int))
+    statuses = [v for v in VARIANTS if v in cells.columns]
+    cells = cells[cells[statuses].astype(str).ne("").any(axis=1)]  # cells that ran, not the grid's empty places
+    patches = patches.assign(torch=[release(str(t)) for t in patches["torch"]])
+    return Side(cells=cells, patches=patches, label=str(path))
+
+
+def _where(row) -> str:
+    return f"{row['scenario']} w{row['world_size']} on {row['torch']} ({row['device']})"
+
+
+def _statuses(row) -> str:
+    return ", ".join(f"{v} {row[v]}" for v in VARIANTS if v in row and row[v])
+
+
+def _exc(row) -> str:
+    return next((row[f"{v}_exc"] for v in VARIANTS if f"{v}_exc" in row and row[f"{v}_exc"]), "")
+
+
+def diff_runs(old: Side, new: Side) -> RunDiff:
+    """Cell by cell (device, scenario, world size, torch). When each side holds one torch
+    release and they differ (an upgrade), cells are matched across the two releases."""
+    versions = (sorted(set(old.cells["torch"])), sorted(set(new.cells["torch"])))
+    if len(versions[0]) == 1 and len(versions[1]) == 1 and versions[0] != versions[1]:
+        old, new = _as_upgrade(old, versions[0][0], versions[1][0]), _as_upgrade(new, versions[0][0], versions[1][0])
+    d = RunDiff(old=old.label, new=new.label)
+    a = old.cells.set_index(KEY)
+    b = new.cells.set_index(KEY)
+    for key in a.index.difference(b.index):
+        d.gone.append(f"{_where(dict(zip(KEY, key)) | dict(a.loc[key]))}: was {a.loc[key]['verdict']}")
+    for key in b.index.difference(a.index):
+        row = dict(zip(KEY, key)) | dict(b.loc[key])
+        d.added.append(f"{_where(row)}: {row['verdict']} ({_statuses(row)})")
+    for key in a.index.intersection(b.index):
+        was, now = dict(zip(KEY, key)) | dict(a.loc[key]), dict(zip(KEY, key)) | dict(b.loc[key])
+        line = f"{_where(now)}: {was['verdict']} → {now['verdict']} ({_statuses(now)})"
+        flagged_now = bool(now.get("unexpected")) and not was.get("unexpected")
+        if (now["verdict"] in BAD and was["verdict"] not in BAD) or flagged_now:
+            d.worse.append(line + (f": {now.get('unexpected') or _exc(now)}" if flagged_now or _exc(now) else ""))
+        elif now["verdict"] == FIXED_UPSTREAM and was["verdict"] != FIXED_UPSTREAM:
+            d.fixed_upstream.append(line)
+        elif (was["verdict"] in BAD and now["verdict"] not in BAD) or (was.get("unexpected") and not now.get("unexpected")):
+            d.better.append(line)
+        elif was["verdict"] != now["verdict"]:
+            d.changed.append(line)
+        elif _exc(was) != _exc(now) and _exc(was) and _exc(now):
+            d.texts.append(f"{_where(now)}: {_exc(was)!r} → {_exc(now)!r}")
+    _patches(old, new, d)
+    return d
+
+
+def _as_upgrade(side: Side, old: str, new: str) -> Side:
+    label = f"torch {old} → {new}"
+    return Side(cells=side.cells.assign(torch=label), patches=side.patches.assign(torch=label),
+                label=f"{side.label} (torch {side.cells['torch'].iloc[0]})")
+
+
+def _patches(old: Side, new: Side, d: RunDiff) -> None:
+    pkey = ["patch", "device", "torch"]
+    if old.patches.empty or new.patches.empty:
+        return
+    a, b = old.patches.set_index(pkey)["status"], new.patches.set_index(pkey)["status"]
+    changed = []
+    for key in a.index.intersection(b.index):
+        if a[key] != b[key]:
+            changed.append((key, a[key], b[key]))
+    for (patch, device, torch), was, now in sorted(changed, key=lambda c: (c[0][0], c[0][1], sorted_torch([c[0][2]]))):
+        line = f"{patch} on {torch} ({device}): {was} → {now}"
+        (d.patches_worse if now in BAD_PATCH and was not in BAD_PATCH else d.patches).append(line)

@@ -1,0 +1,286 @@
+"""The compatibility report, decision first: ``harness.results.tables`` rendered as Markdown
+(``DataFrame.to_markdown``), HTML (pandas ``Styler`` in ``templates/report.html``) and CSV.
+
+Order: what to do with each patch (per device: the lifecycle table, the deployed set,
+the patch x torch statuses); the scenario x torch heatmap (short labels, the detail in
+tooltips and in a linked details table); notes (reference adjustments, bugs that cannot
+show on the device, upstream bugs); the environment; the details; the verdict rules.
+
+Build it with ``python -m harness report --records runs/ --out reports``.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from harness.results.decisions import deployed_line, lifecycle, version_ranges
+from harness.results.tables import LONG_COLUMNS, ReportTables, build_tables, verdict_counts
+from harness.results.verdict import VERDICT_RULES
+from harness.vocabulary import VARIANTS, VERDICTS
+
+__all__ = ["OUTPUT_NAMES", "SHORT", "VERDICT_COLORS", "build_report", "render_html", "render_markdown",
+           "write_outputs"]
+
+TITLE = "FSDP2 patch compatibility report"
+OUTPUT_NAMES: Mapping[str, str] = {"md": "compat.md", "html": "compat.html", "csv": "compat.csv",
+                                   "patches_csv": "compat-patches.csv"}
+FLAG, ADJUSTED = "⚠", "†"
+#: verdict -> (heatmap label, colour)
+SHORT: Mapping[str, tuple[str, str]] = {
+    "patch broken": ("BROKEN", "#e57373"), "deployed set broken": ("DEPLOYED", "#f06292"),
+    "not provided": ("n/p", "#b0bec5"), "regression": ("REGR", "#ce93d8"), "upstream bug": ("bug↑", "#9575cd"),
+    "patch needed": ("need", "#ffb74d"), "use public API": ("api", "#4fc3f7"), "backport": ("back", "#ffe082"),
+    "fixed upstream": ("fixed", "#81c784"), "expected failure": ("xfail", "#dcedc8"), "ok": ("ok", "#c8e6c9"),
+    "n/a": ("n/a", "#e0e0e0"), "not run": ("–", "#fafafa"),
+}
+VERDICT_COLORS: Mapping[str, str] = {v: c for v, (_, c) in SHORT.items()}
+PATCH_COLORS: Mapping[str, str] = {
+    "broken": SHORT["patch broken"][1], "not provided": SHORT["not provided"][1],
+    "needed": SHORT["patch needed"][1], "use public API": SHORT["use public API"][1],
+    "backport": SHORT["backport"][1], "retire": SHORT["fixed upstream"][1], "not applicable": "#eeeeee",
+    "not run": "#fafafa",
+}
+LEGEND = (f"Cell label: the verdict in short ({', '.join(f'{s} = {v}' for v, (s, _) in SHORT.items())}); "
+          f"{FLAG} = a result differs from its documented expectation; {ADJUSTED} = judged against a reference "
+          "adjusted for a known backend quirk (see Notes). Hover a cell for its records; click it for its details row.")
+
+
+def css(prefix: str, name: str) -> str:
+    return f"{prefix}-" + name.replace(" ", "-").replace("/", "")
+
+
+def anchor(row: Mapping) -> str:
+    return f"d-{row['device']}-{row['scenario']}-w{row['world_size']}-{row['torch']}".replace(".", "_")
+
+
+# --------------------------------------------------------------------------- pieces
+
+
+def _label(row: Mapping) -> str:
+    return SHORT[row["verdict"]][0] + (f" {FLAG}" if row["unexpected"] else "") + (
+        f" {ADJUSTED}" if row["reference_adjusted"] else "")
+
+
+def _num(value) -> str:
+    return "" if value is None or value != value or value == "" else f"{value:.3g}"
+
+
+def _title(row: Mapping) -> str:
+    lines = [f"{row['scenario']} w{row['world_size']} torch {row['torch']} ({row['device']}): {row['verdict']}",
+             f"rule {row['rule']}"]
+    for v in VARIANTS:
+        if row[v]:
+            diff = _num(row[f"{v}_max_abs_diff"])
+            lines.append(f"{v}: {row[v]}" + (f" — {row[f'{v}_exc']}" if row[f"{v}_exc"] else "")
+                         + (f"; max abs diff {diff}" if diff else ""))
+    extra = [row["worst"] and f"worst: {row['worst']}", row["reference_adjusted"] and f"{ADJUSTED} {row['reference_adjusted']}"]
+    return "\n".join(lines + [e for e in extra if e] + [f"{FLAG} {n}" for n in row["unexpected"].split("; ") if n]
+                     + [f"caveat: {c}" for c in row["caveats"].split("; ") if c])
+
+
+def _grid(tables: ReportTables, device: str, value) -> pd.DataFrame:
+    mine = tables.cells[tables.cells["device"] == device]
+    frame = mine.assign(_v=[value(r) for r in mine.to_dict("records")])
+    pivot = frame.pivot(index=["scenario", "world_size"], columns="torch", values="_v")
+    return pivot.reindex(columns=tables.versions(device)).sort_index().rename_axis(["scenario", "w"]).fillna("")
+
+
+def _patch_grid(tables: ReportTables, device: str, column: str) -> pd.DataFrame:
+    mine = tables.patches[tables.patches["device"] == device]
+    if mine.empty:
+        return pd.DataFrame()
+    return mine.pivot(index="patch", columns="torch", values=column).reindex(columns=tables.versions(device))
+
+
+def _details(cells: pd.DataFrame) -> pd.DataFrame:
+    ran = cells[cells[list(VARIANTS)].ne("").any(axis=1)]
+    cols = ["device", "scenario", "world_size", "torch", "verdict", *VARIANTS, "unexpected", "caveats",
+            *(f"{v}_exc" for v in VARIANTS), "worst", "reference_adjusted"]
+    return ran[cols].reset_index(drop=True)
+
+
+def _notes(tables: ReportTables, device: str) -> list[str]:
+    mine = tables.cells[tables.cells["device"] == device]
+    versions = tables.versions(device)
+    notes = []
+    adjusted = mine[mine["reference_adjusted"] != ""]
+    for quirk, g in adjusted.groupby("reference_adjusted"):
+        notes.append(f"{ADJUSTED} Reference adjusted on {version_ranges(versions, set(g['torch']))} "
+                     f"({len(g)} cells): {quirk}.")
+    for scenario in sorted(set(mine.loc[~mine["bug_observable"].astype(bool), "scenario"])):
+        notes.append(f"{scenario}: its bug cannot show on {device}; its cells check the numbers only.")
+    for (scenario, issue), g in mine[mine["upstream"] != ""].groupby(["scenario", "upstream"]):
+        shown = g[g["verdict"] == "upstream bug"]
+        if len(shown):
+            notes.append(f"Upstream bug {issue} shown by {scenario} on {version_ranges(versions, set(shown['torch']))}.")
+    return notes
+
+
+def _environment(tables: ReportTables, device: str) -> pd.DataFrame:
+    env = tables.environment[tables.environment["device"] == device].set_index("torch")
+    return env.drop(columns="device").T.reindex(columns=tables.versions(device)).fillna("")
+
+
+def _rules() -> pd.DataFrame:
+    return pd.DataFrame([[r.number, r.kind, r.vanilla, r.patched, r.deployed, r.api, r.verdict, r.meaning]
+                         for r in VERDICT_RULES],
+                        columns=["#", "kind", "vanilla", "patched", "deployed", "api", "verdict", "meaning"])
+
+
+def _header(tables: ReportTables) -> list[str]:
+    counts = ", ".join(f"{n} {v}" for v, n in verdict_counts(tables.cells))
+    machines = sorted({m for m in tables.environment["machine"] if m} | {h for h in tables.environment["host"] if h})
+    return [f"Patches module under test: {'; '.join(tables.modules) or '(none: vanilla cells only)'}.",
+            f"Machine: {', '.join(machines)}. Generated {tables.generated_at} from {', '.join(tables.sources)}: "
+            f"{tables.n_records} records, {len(tables.cells)} cells ({counts}); {len(tables.skipped)} skipped input lines."]
+
+
+# --------------------------------------------------------------------------- Markdown
+
+
+def _md(frame: pd.DataFrame, *, index: bool = False) -> str:
+    return frame.to_markdown(index=index, tablefmt="pipe", disable_numparse=True) + "\n"
+
+
+#: cells the Markdown details leave out (every cell is in the CSV and the HTML report)
+_ROUTINE = {"ok", "n/a"}
+_MD_TEXT = 120
+
+
+def _details_md(cells: pd.DataFrame) -> list[str]:
+    """The details worth reading in Markdown: cells that are not routine, with the first
+    failure's text shortened (every cell, texts in full, is in the CSV and the HTML)."""
+    details = _details(cells)
+    shown = details[~details["verdict"].isin(_ROUTINE) | details["unexpected"].ne("") | details["caveats"].ne("")]
+    first_failure = [next((f"{v}: {_short(r[f'{v}_exc'])}" for v in VARIANTS if r[f"{v}_exc"]), "")
+                     for r in shown.to_dict("records")]
+    shown = shown.assign(caveats=shown["caveats"].map(_short), failure=first_failure)
+    shown = shown[["device", "scenario", "world_size", "torch", "verdict", *VARIANTS, "unexpected", "caveats",
+                   "failure", "worst"]]
+    return [f"{len(shown)} of {len(details)} cells: those whose verdict is not {' or '.join(sorted(_ROUTINE))}, "
+            f"or that have a caveat or an unexpected record (every cell, texts in full: compat.csv, compat.html).",
+            "", _md(shown)]
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= _MD_TEXT else text[:_MD_TEXT - 1] + "…"
+
+
+def render_markdown(tables: ReportTables) -> str:
+    out = [f"# {TITLE}", "", *_header(tables), ""]
+    for device in tables.devices:
+        versions = tables.versions(device)
+        life = lifecycle(tables.patches, device, versions)
+        out += [f"## What to do with each patch: {device}", "",
+                _md(life) if len(life) else "No scenario names a patch.\n", deployed_line(tables.deployed, device, versions), ""]
+        grid = _patch_grid(tables, device, "status")
+        if not grid.empty:
+            out += [_md(grid.reset_index())]
+    for device in tables.devices:
+        out += [f"## Scenario × torch: {device}", "", LEGEND, "", _md(_grid(tables, device, _label).reset_index())]
+        out += [f"### Notes: {device}", "", *([f"- {n}" for n in _notes(tables, device)] or ["None."]), ""]
+        out += [f"### Environment: {device}", "", _md(_environment(tables, device).rename_axis("").reset_index())]
+    out += ["## Details", "", *_details_md(tables.cells), "## Skipped input lines", ""]
+    out += [f"- `{line}`" for line in tables.skipped] or ["None."]
+    out += ["", "## Verdict rules (first match wins)", "", _md(_rules())]
+    return "\n".join(out).rstrip() + "\n"
+
+
+# --------------------------------------------------------------------------- HTML
+
+
+@dataclass(kw_only=True)
+class _Section:
+    title: str
+    anchor: str
+    html: str
+    notes: list[str] = field(default_factory=list)
+
+
+def _styled(frame: pd.DataFrame, *, table_class: str, classes: pd.DataFrame | None = None,
+            titles: pd.DataFrame | None = None, escape: bool = True, index: bool = True) -> str:
+    frame = frame.rename_axis(columns=None)
+    styler = frame.style.format(escape="html" if escape else None)
+    if not index:
+        styler = styler.hide(axis="index")
+    if classes is not None:
+        styler = styler.set_td_classes(classes)
+    if titles is not None:
+        styler = styler.set_tooltips(titles, as_title_attribute=True)
+    return styler.to_html(table_attributes=f'class="{table_class}"')
+
+
+def _heatmap(tables: ReportTables, device: str) -> str:
+    links = _grid(tables, device, lambda r: f'<a href="#{anchor(r)}">{html.escape(_label(r))}</a>')
+    classes = _grid(tables, device, lambda r: css("v", r["verdict"]))
+    return _styled(links, table_class="heatmap", classes=classes, titles=_grid(tables, device, _title), escape=False)
+
+
+def _details_html(cells: pd.DataFrame) -> str:
+    details = _details(cells)
+    shown = details.assign(scenario=[f'<span id="{anchor(r)}">{html.escape(r["scenario"])}</span>'
+                                     for r in details.to_dict("records")])
+    for col in shown.columns.drop("scenario"):
+        shown[col] = [html.escape(str(v)) for v in shown[col]]
+    classes = details.map(lambda _: "").assign(verdict=[css("v", v) for v in details["verdict"]])
+    return _styled(shown, table_class="details", classes=classes, escape=False, index=False)
+
+
+def render_html(tables: ReportTables) -> str:
+    """A self-contained page: inline CSS, no scripts, no external assets."""
+    from jinja2 import Environment, FileSystemLoader, select_autoescape
+
+    sections = []
+    for device in tables.devices:
+        versions = tables.versions(device)
+        life = lifecycle(tables.patches, device, versions)
+        grid = _patch_grid(tables, device, "status")
+        body = _styled(life, table_class="lifecycle", index=False) if len(life) else "<p>No scenario names a patch.</p>"
+        body += f'<p class="deployed">{html.escape(deployed_line(tables.deployed, device, versions))}</p>'
+        if not grid.empty:
+            body += _styled(grid, table_class="patches", classes=grid.map(lambda s: css("p", s)),
+                            titles=_patch_grid(tables, device, "detail").map(lambda d: d.replace("; ", "\n")))
+        sections.append(_Section(title=f"What to do with each patch: {device}", anchor=f"patches-{device}", html=body))
+    for device in tables.devices:
+        sections.append(_Section(title=f"Scenario × torch: {device}", anchor=f"verdicts-{device}",
+                                 html=f'<p class="legend">{html.escape(LEGEND)}</p>' + _heatmap(tables, device),
+                                 notes=_notes(tables, device)))
+        sections.append(_Section(title=f"Environment: {device}", anchor=f"environment-{device}",
+                                 html=_styled(_environment(tables, device), table_class="environment")))
+    sections.append(_Section(title="Details", anchor="details", html=_details_html(tables.cells)))
+    skipped = "".join(f"<li><code>{html.escape(line)}</code></li>" for line in tables.skipped)
+    sections.append(_Section(title="Skipped input lines", anchor="skipped",
+                             html=f'<ul class="skipped">{skipped}</ul>' if skipped else "<p>None.</p>"))
+    sections.append(_Section(title="Verdict rules (first match wins)", anchor="rules",
+                             html=_styled(_rules(), table_class="rules", index=False)))
+    colors = [(css("v", v), c) for v, c in VERDICT_COLORS.items()] + [(css("p", s), c) for s, c in PATCH_COLORS.items()]
+    env = Environment(loader=FileSystemLoader(Path(__file__).parent / "templates"), autoescape=select_autoescape())
+    return env.get_template("report.html").render(title=TITLE, header=_header(tables), sections=sections,
+                                                  colors=colors)
+
+
+# --------------------------------------------------------------------------- files
+
+
+def write_outputs(tables: ReportTables, out_dir: str | Path) -> dict[str, Path]:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {kind: out / name for kind, name in OUTPUT_NAMES.items()}
+    paths["md"].write_text(render_markdown(tables), encoding="utf-8")
+    paths["html"].write_text(render_html(tables), encoding="utf-8")
+    tables.cells.to_csv(paths["csv"], index=False, columns=list(LONG_COLUMNS))
+    tables.patches.to_csv(paths["patches_csv"], index=False)
+    return paths
+
+
+def build_report(paths: Sequence[str | Path], out_dir: str | Path) -> dict[str, Path]:
+    """Write compat.md, compat.html and compat.csv; returns {"md"|"html"|"csv": path}."""
+    return write_outputs(build_tables(paths), out_dir)
+
+
+assert set(SHORT) == set(VERDICTS), "every verdict needs a heatmap label"

@@ -1,0 +1,1 @@
+"""The scenario API (Scenario, Expect, Sharding, PublicApi) and finding scenario files."""

@@ -1,0 +1,51 @@
+"""What the scenario library offers, read from its files without importing them (so
+``matrix.yaml`` can be checked where torch is not installed, e.g. in nox's process).
+
+Names: a file that assigns ``SCENARIO`` is named after itself unless it passes
+``name="..."``; every ``name="..."`` given to ``Scenario(...)`` or ``.replace(...)``
+names one too. World sizes: the literal ``world_sizes=(...)`` tuples, plus the
+default of ``harness.spec.Scenario``.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["Catalog", "read_catalog"]
+
+DEFAULT_WORLD_SIZES = (1, 2, 4)
+SCENARIOS_DIR = Path(__file__).resolve().parents[2] / "scenarios"
+
+
+@dataclass(kw_only=True, frozen=True)
+class Catalog:
+    names: frozenset[str]
+    world_sizes: frozenset[int]
+
+
+def read_catalog(folder: Path = SCENARIOS_DIR) -> Catalog:
+    names: set[str] = set()
+    sizes: set[int] = set(DEFAULT_WORLD_SIZES)
+    for file in sorted(folder.glob("*.py")):
+        if file.name.startswith("_"):
+            continue
+        try:
+            tree = ast.parse(file.read_text(), filename=str(file))
+        except SyntaxError:
+            continue  # reported when the run loads the library
+        explicit = False
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            for kw in node.keywords:
+                if kw.arg == "name" and isinstance(kw.value, ast.Constant) and isinstance(kw.value.value, str):
+                    names.add(kw.value.value)
+                    explicit = True
+                elif kw.arg == "world_sizes" and isinstance(kw.value, (ast.Tuple, ast.List)):
+                    sizes |= {e.value for e in kw.value.elts if isinstance(e, ast.Constant) and isinstance(e.value, int)}
+        assigns = {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+        if "SCENARIO" in assigns and not explicit:
+            names.add(file.stem)
+    return Catalog(names=frozenset(names), world_sizes=frozenset(sizes))

@@ -1,0 +1,268 @@
+"""The scenario API: what a file in ``scenarios/`` declares.
+
+A scenario is data plus three small functions (model, batch, forward). The FSDP2 side
+(``harness.train.fsdp``) and the single-process reference (``harness.train.reference``) both
+run it through one recipe (``harness.train.recipe``), so a scenario never touches
+torch.distributed itself. ``name`` defaults to the file's name and ``summary`` to the
+first line of the file's docstring.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import Version
+from torch import nn
+
+from harness.scenario.apis import UNUSED_PARAMS_API, PublicApi
+from harness.scenario.sharding import Sharding
+from harness.vocabulary import DEVICES, VARIANTS, parse_statuses
+
+__all__ = [
+    "Clip",
+    "Ctx",
+    "Expect",
+    "MicroBatch",
+    "Optim",
+    "PublicApi",
+    "Scenario",
+    "Sharding",
+    "accumulate",
+    "default_forward",
+    "mean_square",
+    "move_batch",
+    "torch_release",
+    "UNUSED_PARAMS_API",
+]
+
+
+@dataclass(kw_only=True, frozen=True)
+class Ctx:
+    """Where a forward runs: which data-parallel rank, step and micro-batch."""
+
+    rank: int
+    world_size: int
+    step: int
+    micro_batch: int
+
+
+@dataclass(kw_only=True, frozen=True)
+class MicroBatch:
+    """One micro-batch of an accumulation window.
+
+    ``sync`` is ``set_requires_gradient_sync`` (reduce-scatter and all-reduce);
+    ``all_reduce`` is ``set_requires_all_reduce`` (HSDP's replicate all-reduce only).
+    """
+
+    sync: bool = True
+    all_reduce: bool = True
+
+
+def accumulate(n: int, *, last_sync: bool = True) -> tuple[MicroBatch, ...]:
+    """``n`` micro-batches without gradient sync, the last one with it."""
+    assert n >= 1
+    return tuple(MicroBatch(sync=(i == n - 1 and last_sync)) for i in range(n))
+
+
+@dataclass(kw_only=True, frozen=True)
+class Optim:
+    """The optimizer: AdamW by default; ``kind="sgd"`` (with momentum, so it keeps state)
+    where AdamW's division by ``sqrt(v) + eps`` would blow rounding noise in near-zero
+    grads (symmetric batches) up into visible parameter differences."""
+
+    kind: str = "adamw"
+    lr: float = 1e-2
+    weight_decay: float = 0.1
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("adamw", "sgd"):
+            raise ValueError(f"Optim.kind: {self.kind!r} is not 'adamw' or 'sgd'")
+
+    def build(self, params) -> torch.optim.Optimizer:
+        if self.kind == "sgd":
+            return torch.optim.SGD(params, lr=self.lr, momentum=self.betas[0], weight_decay=self.weight_decay)
+        assert self.kind == "adamw", self.kind
+        return torch.optim.AdamW(params, lr=self.lr, betas=self.betas, eps=self.eps, weight_decay=self.weight_decay)
+
+
+@dataclass(kw_only=True, frozen=True)
+class Clip:
+    """Gradient clipping after accumulation (``clip_grad_norm_``)."""
+
+    max_norm: float = 0.05
+    norm_type: float = 2.0
+    foreach: bool | None = None
+
+
+@dataclass(kw_only=True, frozen=True)
+class Expect:
+    """An expected outcome for cells matching ``torch``/``variants``/``devices``/``world_sizes``.
+
+    ``status`` may name alternatives with ``|`` ("hang|crash|error"); it is kept as a
+    tuple. ``match`` is text the first error line (or the traceback) must contain.
+    ``fixed_by`` names the patch that fixes this documented failure (the verdicts credit
+    that patch alone); ``upstream`` names the upstream issue of a failure no patch fixes.
+    """
+
+    status: tuple[str, ...] | str
+    torch: str = ""
+    variants: tuple[str, ...] = ("vanilla",)
+    match: str | None = None
+    devices: tuple[str, ...] = DEVICES
+    world_sizes: tuple[int, ...] | None = None
+    why: str = ""
+    fixed_by: str | None = None
+    upstream: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "status", parse_statuses(self.status))
+        for v in self.variants:
+            if v not in VARIANTS:
+                raise ValueError(f"Expect.variants: unknown variant {v!r} (choose from {', '.join(VARIANTS)})")
+        try:
+            SpecifierSet(self.torch)
+        except InvalidSpecifier as e:
+            raise ValueError(f"Expect.torch: bad version range {self.torch!r}") from e
+
+    def applies(self, *, variant: str, torch_version: str, device: str, world_size: int) -> bool:
+        """Whether this expectation covers the cell; one for "patched" covers "deployed" too
+        (the deployed set is the scenario's patches plus every other one)."""
+        return (
+            (variant in self.variants or (variant == "deployed" and "patched" in self.variants))
+            and device in self.devices
+            and (self.world_sizes is None or world_size in self.world_sizes)
+            and torch_release(torch_version) in SpecifierSet(self.torch)
+        )
+
+
+#: What a cell is expected to do when no ``Expect`` matches it.
+PASS = Expect(status="pass", variants=VARIANTS)
+
+
+def torch_release(version: str) -> Version:
+    """``2.13.0+cpu`` -> ``Version('2.13.0')`` (local labels and pre-release tags dropped)."""
+    return Version(Version(version).base_version)
+
+
+def move_batch(batch: Any, device: torch.device | str | None = None, float_dtype: torch.dtype | None = None) -> Any:
+    """A batch (a tensor, or a dict / tuple / list of them) on ``device``, floating
+    tensors cast to ``float_dtype`` (what FSDP2's mixed precision does to the root's inputs)."""
+    if isinstance(batch, torch.Tensor):
+        if float_dtype is not None and batch.is_floating_point():
+            batch = batch.to(float_dtype)
+        return batch.to(device) if device is not None else batch
+    if isinstance(batch, dict):
+        return {k: move_batch(v, device, float_dtype) for k, v in batch.items()}
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(move_batch(v, device, float_dtype) for v in batch)
+    return batch
+
+
+def mean_square(output: torch.Tensor) -> torch.Tensor:
+    """The loss most scenarios use: the mean squared output, reduced in fp32."""
+    return output.float().square().mean()
+
+
+def default_forward(model: nn.Module, batch: torch.Tensor, ctx: Ctx) -> torch.Tensor:
+    """``mean_square(model(batch))``."""
+    return mean_square(model(batch))
+
+
+@dataclass(kw_only=True)
+class Scenario:
+    """One FSDP2 training recipe, run by FSDP2 and by the single-process reference.
+
+    ``model()`` and ``batch(ctx)`` are called after the harness seeds torch's RNG (from
+    ``seed``, and for batches also from rank, step and micro-batch), so they may simply
+    call ``torch.randn``. ``forward(model, batch, ctx)`` returns the loss and may depend
+    on rank and micro-batch ("rank 1 skips a layer").
+    """
+
+    model: Callable[[], nn.Module]
+    batch: Callable[[Ctx], torch.Tensor]
+    #: defaults to the scenario file's name (set by ``harness.scenario.load``)
+    name: str = ""
+    #: defaults to the first line of the scenario file's docstring
+    summary: str = ""
+    forward: Callable[[nn.Module, torch.Tensor, Ctx], torch.Tensor] = default_forward
+    sharding: Sharding = field(default_factory=Sharding)
+    schedule: tuple[MicroBatch, ...] = (MicroBatch(),)
+    #: three steps, so ``zero_grad(set_to_none=False)`` runs mid-training (``harness.train.recipe``)
+    steps: int = 3
+    optimizer: Optim = field(default_factory=Optim)
+    clip: Clip | None = None
+    grad_scale: float | None = None
+    #: the public API that replaces this scenario's patch, where torch has one (``api`` variant)
+    api: PublicApi | None = None
+    #: whether the reference models known backend quirks (``harness.train.reference``); a scenario
+    #: that reports a quirk as the upstream bug it is sets this False
+    reference_quirks: bool = True
+    #: Re-home sharded grads onto a group with only this backend before norm/clip, per
+    #: device (``{"cpu": "cuda:gloo"}`` simulates an NCCL-only group on CPU).
+    norm_group_backend: dict[str, str] = field(default_factory=dict)
+    #: Process-group backend per device when it is not the default.
+    backend: dict[str, str] = field(default_factory=dict)
+    world_sizes: tuple[int, ...] = (1, 2, 4)
+    devices: tuple[str, ...] = DEVICES
+    #: patch names the patched variant installs (see README "The patches module under test")
+    patches: tuple[str, ...] = ()
+    #: devices on which the bug can show at all; elsewhere the cell checks numbers only
+    #: and a pass is "ok", not "fixed upstream"
+    bug_devices: tuple[str, ...] = DEVICES
+    expect: tuple[Expect, ...] = ()
+    #: per-cell timeout; ``None`` takes the run's (``--timeout``, matrix.yaml ``timeout_s``, else 30 s)
+    timeout_s: float | None = None
+    #: modules the scenario needs beyond torch, e.g. ("transformers.models.llama.modeling_llama",):
+    #: each worker imports them once before its first cell (forked cells inherit them), and
+    #: the cells are skipped, with the reason, where their package is missing
+    requires: tuple[str, ...] = ()
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        where = f"scenario {self.name or '(unnamed)'}"
+        if self.name and not self.name.replace("_", "").isalnum():
+            raise ValueError(f"scenario name {self.name!r}: use letters, digits and '_'")
+        if self.steps < 1 or not self.schedule:
+            raise ValueError(f"{where}: needs at least one step and one micro-batch")
+        if not self.schedule[-1].sync:
+            raise ValueError(f"{where}: the last micro-batch must sync gradients")
+        for d in (*self.devices, *self.bug_devices):
+            if d not in DEVICES:
+                raise ValueError(f"{where}: unknown device {d!r}")
+        for ws in self.world_sizes:
+            self.sharding.mesh_shape(ws)
+        for e in self.expect:
+            if e.fixed_by is not None and e.fixed_by not in self.patches:
+                raise ValueError(f"{where}: Expect.fixed_by={e.fixed_by!r} is not one of its patches {self.patches}")
+
+    # -- derived facts -------------------------------------------------------------
+    def backend_for(self, device: str) -> str:
+        return self.backend.get(device, "gloo" if device == "cpu" else "nccl")
+
+    def expected(self, *, variant: str, torch_version: str, device: str, world_size: int) -> Expect:
+        """The first matching expectation; otherwise the cell should pass."""
+        for e in self.expect:
+            if e.applies(variant=variant, torch_version=torch_version, device=device, world_size=world_size):
+                return e
+        return PASS
+
+    def batch_seed(self, ctx: Ctx) -> int:
+        key = f"{self.name}/{self.seed}/{ctx.rank}/{ctx.step}/{ctx.micro_batch}".encode()
+        return zlib.crc32(key)
+
+    def with_api(self) -> Scenario:
+        """The recipe with its public API turned on (the ``api`` variant)."""
+        assert self.api is not None, self.name
+        return self.replace(sharding=dataclasses.replace(self.sharding, **self.api.sharding))
+
+    def replace(self, **changes: object) -> Scenario:
+        """A copy with some fields changed (for variants of one recipe)."""
+        return dataclasses.replace(self, **changes)

@@ -1,0 +1,188 @@
+"""Compare what FSDP2 produced with the reference, step by step.
+
+Checked per step: grad presence (None vs tensor, and presence that differs across ranks),
+grads, total grad norm, clipped grads, post-step params, optimizer-state presence.
+
+Tolerance policy: each tensor is judged by its own dtype (the reference tensor's), with
+PyTorch's ``torch.testing`` defaults for that dtype, elementwise
+``|observed - reference| <= atol + rtol * |reference|``:
+
+====================  ========  =======
+tensor dtype          rtol      atol
+====================  ========  =======
+float32               1.3e-6    1e-5
+bfloat16              1.6e-2    1e-5
+float16               1e-3      1e-5
+====================  ========  =======
+
+So in a bf16-compute cell the fp32 reduced grads and fp32 master params get the fp32
+tolerance: the reference emulates the bf16 compute (``harness.train.reference``), and the
+tolerance covers reduction order only. Norms are fp32 scalars. Presence and
+optimizer-state differences are never tolerated.
+
+Non-finite values: a NaN or inf in the reference means the scenario itself is wrong
+(``Comparison.reference_nonfinite``); one on the FSDP side only is a mismatch whose
+note says "non-finite".
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from harness.train.step import StepSnapshot
+
+__all__ = ["Comparison", "Diff", "TOLERANCES", "Tolerance", "compare_runs", "tolerance_of"]
+
+
+@dataclass(kw_only=True, frozen=True)
+class Tolerance:
+    dtype: str
+    rtol: float
+    atol: float
+
+
+TOLERANCES: dict[torch.dtype, Tolerance] = {
+    torch.float32: Tolerance(dtype="float32", rtol=1.3e-6, atol=1e-5),
+    torch.bfloat16: Tolerance(dtype="bfloat16", rtol=1.6e-2, atol=1e-5),
+    torch.float16: Tolerance(dtype="float16", rtol=1e-3, atol=1e-5),
+    torch.float64: Tolerance(dtype="float64", rtol=1e-7, atol=1e-7),
+}
+
+
+def tolerance_of(t: torch.Tensor) -> Tolerance:
+    """The tolerance for a tensor of ``t``'s dtype (fp32's for anything not listed)."""
+    return TOLERANCES.get(t.dtype, TOLERANCES[torch.float32])
+
+
+@dataclass(kw_only=True)
+class Diff:
+    """One compared quantity. ``score`` > 1 means outside tolerance (inf: presence)."""
+
+    step: int
+    kind: str  # grad | presence | grad_norm | clipped | param | opt_state
+    name: str
+    max_abs: float | None = None
+    max_rel: float | None = None
+    ok: bool = True
+    score: float = 0.0
+    note: str = ""
+
+    @property
+    def label(self) -> str:
+        return f"step {self.step} {self.kind} {self.name}"
+
+
+@dataclass(kw_only=True)
+class Comparison:
+    diffs: list[Diff] = field(default_factory=list)
+    grad_norm: float | None = None
+    ref_grad_norm: float | None = None
+    #: labels of reference quantities that are NaN or inf (the scenario is wrong)
+    reference_nonfinite: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(d.ok for d in self.diffs)
+
+    def worst(self) -> Diff | None:
+        return max(self.diffs, key=lambda d: d.score, default=None)
+
+    def as_record_fields(self) -> dict:
+        numeric = [d for d in self.diffs if d.max_abs is not None]
+        worst = self.worst()
+        ranked = sorted(self.diffs, key=lambda d: -d.score)
+        return {
+            "max_abs_diff": max((d.max_abs for d in numeric), default=None),
+            "max_rel_diff": max((d.max_rel for d in numeric if d.max_rel is not None), default=None),
+            "worst": None if worst is None else worst.label + (f" ({worst.note})" if worst.note else ""),
+            "diffs": [_jsonable(asdict(d)) for d in ranked[:200]],
+            "grad_norm": self.grad_norm,
+            "ref_grad_norm": self.ref_grad_norm,
+        }
+
+
+def compare_runs(observed: list[StepSnapshot], reference: list[StepSnapshot]) -> Comparison:
+    result = Comparison()
+    assert len(observed) == len(reference), "observed and reference must cover the same steps"
+    for obs, ref in zip(observed, reference):
+        step = obs.step
+        result.diffs += _compare_grads(step, "grad", obs.grads, ref.grads, obs.inconsistent)
+        if ref.grad_norm is not None or obs.grad_norm is not None:
+            result.diffs.append(_compare_scalar(step, "grad_norm", obs.grad_norm, ref.grad_norm))
+            if result.grad_norm is None:
+                result.grad_norm, result.ref_grad_norm = obs.grad_norm, ref.grad_norm
+        if ref.clipped or obs.clipped:
+            result.diffs += _compare_grads(step, "clipped", obs.clipped, ref.clipped, {})
+        for name, r in ref.params.items():
+            result.diffs.append(_compare_tensor(step, "param", name, obs.params.get(name), r))
+        for name, r in ref.opt_state.items():
+            o = obs.opt_state.get(name)
+            ok = o == r
+            note = "" if ok else f"optimizer state: observed {'present' if o else 'absent'}, reference {'present' if r else 'absent'}"
+            result.diffs.append(Diff(step=step, kind="opt_state", name=name, ok=ok, score=0.0 if ok else math.inf, note=note))
+    result.reference_nonfinite = [d.label for d in result.diffs if d.note == _REF_NONFINITE]
+    return result
+
+
+_REF_NONFINITE = "reference is non-finite"
+
+
+def _compare_grads(step, kind, obs, ref, inconsistent) -> list[Diff]:
+    diffs = []
+    for name, r in ref.items():
+        o = obs.get(name)
+        if name in inconsistent:
+            diffs.append(_presence(step, name, f"grad on ranks {inconsistent[name]} only, reference {'has grad' if r is not None else 'None'}"))
+        elif o is None and r is None:
+            diffs.append(Diff(step=step, kind=kind, name=name, note="None on both"))
+        elif o is None:
+            diffs.append(_presence(step, name, f"observed None, reference has grad (max |g| {_amax(r):.3g})"))
+        elif r is None:
+            diffs.append(_presence(step, name, f"observed grad (max |g| {_amax(o):.3g}), reference None"))
+        else:
+            diffs.append(_compare_tensor(step, kind, name, o, r))
+    return diffs
+
+
+def _presence(step: int, name: str, note: str) -> Diff:
+    return Diff(step=step, kind="presence", name=name, ok=False, score=math.inf, note=note)
+
+
+def _compare_tensor(step, kind, name, o, r) -> Diff:
+    if o is None:
+        return Diff(step=step, kind=kind, name=name, ok=False, score=math.inf, note="missing on the FSDP side")
+    if o.shape != r.shape:
+        return Diff(step=step, kind=kind, name=name, ok=False, score=math.inf, note=f"shape {tuple(o.shape)} vs {tuple(r.shape)}")
+    if not bool(torch.isfinite(r).all()):
+        return Diff(step=step, kind=kind, name=name, ok=False, score=math.inf, note=_REF_NONFINITE)
+    tol = tolerance_of(r)
+    o64, r64 = o.detach().to(torch.float64), r.detach().to(torch.float64)
+    if not bool(torch.isfinite(o64).all()):
+        bad = int((~torch.isfinite(o64)).sum())
+        return Diff(step=step, kind=kind, name=name, ok=False, score=math.inf,
+                    note=f"non-finite: {bad} of {o64.numel()} values NaN or inf on the FSDP side")
+    err = (o64 - r64).abs()
+    bound = tol.atol + tol.rtol * r64.abs()
+    max_abs = float(err.max()) if err.numel() else 0.0
+    scale = float(r64.abs().max()) if r64.numel() else 0.0
+    score = float((err / bound).max()) if err.numel() else 0.0
+    return Diff(step=step, kind=kind, name=name, max_abs=max_abs,
+                max_rel=max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else math.inf),
+                ok=score <= 1.0, score=score)
+
+
+def _compare_scalar(step, kind, o, r) -> Diff:
+    if o is None or r is None:
+        return Diff(step=step, kind=kind, name="total", ok=False, score=math.inf, note=f"observed {o}, reference {r}")
+    return _compare_tensor(step, kind, "total", torch.tensor(o, dtype=torch.float32), torch.tensor(r, dtype=torch.float32))
+
+
+def _amax(t: torch.Tensor) -> float:
+    return float(t.detach().abs().max()) if t.numel() else 0.0
+
+
+def _jsonable(d: dict) -> dict:
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in d.items()}

@@ -1,0 +1,160 @@
+"""Train one scenario with FSDP2 on this rank and snapshot what it produced.
+
+Called by ``harness.rank.worker`` with the cell's default process group already initialized;
+the step loop is ``harness.train.recipe``'s, this module supplies the FSDP2 ``Side``. Every
+rank runs the same collectives in the same order; rank 0 keeps the snapshots. Grad
+presence is exchanged first (an object all-gather), so a parameter whose presence
+differs across ranks is reported instead of desynchronizing the gather.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+from harness.plan.cells import Cell
+from harness.scenario.spec import Clip, Ctx, MicroBatch, Scenario, move_batch
+from harness.train import recipe
+from harness.train.gather import Deferred, gather_full, plain_placements
+from harness.train.norm_group import rehome
+from harness.train.step import StepSnapshot
+
+__all__ = ["FsdpSide", "build_model", "train"]
+
+
+def train(scenario: Scenario, cell: Cell, utilities: dict[str, Any], rank: int, world: int,
+          stamp: Callable[[str], object] = lambda phase: None) -> list[StepSnapshot]:
+    """Build, shard and train ``scenario`` on this rank; snapshots of every step.
+
+    ``stamp(phase)`` is told where the rank is ("build model", "step 0 micro-batch 1
+    backward", ...), so a hang can be blamed on the rank that did not arrive."""
+    device = torch.device(cell.device, torch.cuda.current_device()) if cell.device == "cuda" else torch.device("cpu")
+    stamp("build model")
+    mesh = init_device_mesh(cell.device, tuple(cell.mesh), mesh_dim_names=scenario.sharding.mesh_dim_names(world))
+    _all_connected(device)
+    model = build_model(scenario, mesh, cell.device)
+    side = FsdpSide(scenario, cell, model, mesh, device, utilities, rank=rank, world=world, stamp=stamp)
+    return recipe.train(scenario, side, side.named)
+
+
+def _all_connected(device: torch.device) -> None:
+    """Wait until every rank has built every group of the mesh, before any scenario code runs.
+
+    A rank that fails early (a planted or real error in its first forward) shuts its
+    sockets at once; a peer still finishing its side of a group's connection then fails
+    inside the group's constructor (gloo: "connectFullMesh failed ... Connection closed by
+    peer") instead of in the collective the scenario is about."""
+    if device.type == "cuda":
+        dist.barrier(device_ids=[device.index])
+    else:
+        dist.barrier()
+
+
+def build_model(scenario: Scenario, mesh: DeviceMesh, device_type: str) -> nn.Module:
+    """The scenario's model (seeded like the reference), sharded as it declares."""
+    torch.manual_seed(scenario.seed)
+    model = scenario.model()
+    s = scenario.sharding
+    if s.prepare is not None:
+        s.prepare(model)
+    if s.tp > 1:
+        assert s.tp_plan is not None, f"{scenario.name}: Sharding.tp needs a tp_plan"
+        s.tp_plan(model, mesh["tp"])
+        mesh = mesh["dp"]
+    kwargs: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": s.reshard_after_forward}
+    if s.param_dtype is not None or s.reduce_dtype is not None:
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=s.param_dtype, reduce_dtype=s.reduce_dtype)
+    # pinned host memory needs an accelerator; on CPU the grads stay unpinned
+    kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=device_type != "cpu") if s.offload else OffloadPolicy()
+    for fqn in s.units:
+        fully_shard(model.get_submodule(fqn), **kwargs)
+    fully_shard(model, **kwargs)
+    if s.reduce_scatter_unused_params:
+        for module in model.modules():  # the setter does not reach child FSDP modules
+            if hasattr(module, "set_reduce_scatter_unused_params"):
+                module.set_reduce_scatter_unused_params(True)
+    return model
+
+
+class FsdpSide:
+    """The recipe's ``Side`` under FSDP2: this rank's forward, gathered full tensors."""
+
+    def __init__(self, scenario: Scenario, cell: Cell, model: nn.Module, mesh: DeviceMesh, device: torch.device,
+                 utilities: dict[str, Any], *, rank: int, world: int,
+                 stamp: Callable[[str], object] = lambda phase: None) -> None:
+        self.scenario, self.cell, self.model, self.mesh, self.device = scenario, cell, model, mesh, device
+        self.utilities, self.rank, self.world, self.stamp = utilities, rank, world, stamp
+        self.named = dict(model.named_parameters())
+        #: plain placements: snapshots are captured now and gathered together in ``flush``
+        self.deferred = Deferred(rank=rank, world=world) if plain_placements(list(self.named.values())) else None
+        self.step = 0
+        #: the data-parallel coordinates (tensor-parallel ranks of one dp index share their data)
+        self.dp_rank, self.dp_world = rank // scenario.sharding.tp, scenario.sharding.data_parallel(world)
+
+    def micro_batch(self, step: int, k: int, micro_batch: MicroBatch) -> None:
+        self.step = step
+        self.model.set_requires_gradient_sync(micro_batch.sync)
+        if self.scenario.sharding.replicate > 1:
+            self.model.set_requires_all_reduce(micro_batch.all_reduce)
+        ctx = Ctx(rank=self.dp_rank, world_size=self.dp_world, step=step, micro_batch=k)
+        torch.manual_seed(self.scenario.batch_seed(ctx))
+        batch = move_batch(self.scenario.batch(ctx), self.device)
+        self.stamp(f"step {step} micro-batch {k} forward")
+        loss = self.scenario.forward(self.model, batch, ctx)
+        self.stamp(f"step {step} micro-batch {k} backward")
+        loss.backward()
+
+    def scale(self, factor: float) -> None:
+        """A 0-dim scaler on the compute device, as training loops write it."""
+        scaler = torch.tensor(factor, device=self.device)
+        params = list(self.named.values())
+        util = self.utilities.get("scale_grads")
+        if util is not None:
+            util(params, scaler)
+            return
+        for p in params:
+            if p.grad is not None:
+                p.grad *= scaler
+
+    def grads(self) -> tuple[dict[str, torch.Tensor | None], dict[str, list[int]]]:
+        """Full grads on rank 0, and the names whose grad presence differed across ranks."""
+        return self._snapshot({n: p.grad for n, p in self.named.items()}, "grads")
+
+    def clip(self, clip: Clip) -> float:
+        self.stamp(f"step {self.step} clip")
+        params = [p for p in self.named.values() if p.grad is not None]
+        backend = self.scenario.norm_group_backend.get(self.cell.device)
+        restore = rehome(params, backend) if backend else None
+        try:
+            fn = self.utilities.get("clip_grad_norm") or torch.nn.utils.clip_grad_norm_
+            total = fn(params, clip.max_norm, clip.norm_type, foreach=clip.foreach)
+        finally:
+            if restore is not None:
+                restore()
+        if isinstance(total, DTensor):
+            total = total.full_tensor()
+        return float(total)
+
+    def params(self) -> dict[str, torch.Tensor]:
+        full, _ = self._snapshot({n: p.detach() for n, p in self.named.items()}, "params")
+        return full  # type: ignore[return-value]
+
+    def flush(self) -> None:
+        """Gather every snapshot captured so far (one collective); rank 0's dicts fill in."""
+        if self.deferred is not None:
+            self.stamp(f"step {self.step} gather snapshots")
+            self.deferred.flush()
+
+    def _snapshot(self, tensors: dict[str, torch.Tensor | None], what: str):
+        if self.deferred is not None:
+            return self.deferred.capture(tensors)
+        self.stamp(f"step {self.step} gather {what}")
+        return gather_full(tensors, rank=self.rank, world=self.world, fast=False)
+

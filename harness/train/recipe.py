@@ -1,0 +1,75 @@
+"""The training recipe, written once: the FSDP2 side and the single-process reference
+both run it, each passing in a ``Side`` for the parts that differ.
+
+Per step: every micro-batch of the schedule (forward and backward, with the scenario's
+gradient-sync settings), then grad scaling, a snapshot of the grads, clipping and a
+snapshot of the clipped grads, ``optimizer.step()``, a snapshot of the params and of
+which params have optimizer state, and ``zero_grad`` with ``set_to_none`` alternating
+(True after even steps, False after odd ones) so both kinds run mid-training.
+
+This module imports nothing from ``torch.distributed``.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+from torch import nn
+
+from harness.scenario.spec import Clip, MicroBatch, Scenario
+from harness.train.step import StepSnapshot
+
+__all__ = ["Side", "set_to_none_after", "train"]
+
+Grads = dict[str, "torch.Tensor | None"]
+
+
+class Side(Protocol):
+    """What differs between the FSDP2 run and the reference."""
+
+    def micro_batch(self, step: int, k: int, micro_batch: MicroBatch) -> None:
+        """Forward and backward of micro-batch ``k``; grads accumulate into ``.grad``."""
+
+    def scale(self, factor: float) -> None:
+        """Multiply every grad by ``factor`` (the recipe's accumulation scaling)."""
+
+    def grads(self) -> tuple[Grads, dict[str, list[int]]]:
+        """Full grads by name, and names whose grad presence differed across ranks."""
+
+    def clip(self, clip: Clip) -> float:
+        """Clip the grads in place; return the total norm before clipping."""
+
+    def params(self) -> dict[str, torch.Tensor]:
+        """Full params by name (private CPU copies)."""
+
+    def flush(self) -> None:
+        """Complete the snapshots taken so far (the FSDP2 side gathers them here)."""
+
+
+def set_to_none_after(step: int) -> bool:
+    """The ``zero_grad(set_to_none=...)`` schedule."""
+    return step % 2 == 0
+
+
+def train(scenario: Scenario, side: Side, named: dict[str, nn.Parameter]) -> list[StepSnapshot]:
+    """Run every step of ``scenario`` through ``side``; one snapshot per step."""
+    opt = scenario.optimizer.build(named.values())
+    snapshots = []
+    for step in range(scenario.steps):
+        for k, micro_batch in enumerate(scenario.schedule):
+            side.micro_batch(step, k, micro_batch)
+        snap = StepSnapshot(step=step)
+        if scenario.grad_scale is not None:
+            side.scale(scenario.grad_scale)
+        snap.grads, snap.inconsistent = side.grads()
+        if scenario.clip is not None:
+            snap.grad_norm = side.clip(scenario.clip)
+            snap.clipped, _ = side.grads()
+        opt.step()
+        snap.params = side.params()
+        snap.opt_state = {n: bool(opt.state.get(p)) for n, p in named.items()}
+        opt.zero_grad(set_to_none=set_to_none_after(step))
+        snapshots.append(snap)
+    side.flush()
+    return snapshots

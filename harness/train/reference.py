@@ -1,0 +1,157 @@
+"""The single-process reference: what FSDP2 should have produced.
+
+It never initializes torch.distributed. Every data-parallel rank's forward is replayed
+on that rank's data; the gradient of a window is the sum over micro-batches of the mean
+over ranks, which is what FSDP2's reduce-scatter (and HSDP's all-reduce) compute. The
+step loop itself is ``harness.train.recipe``'s, shared with the FSDP2 side.
+
+The contract for unused parameters is plain autograd's, for every scenario: a parameter
+that no rank used in an accumulation window has no grad (``None``), so AdamW neither
+steps it nor creates state for it. A parameter some rank used gets the mean over ranks,
+the others contributing zero.
+
+Mixed precision is emulated, not tolerated: each rank's forward and backward run on a
+copy of the model whose parameters (not buffers) are cast to ``param_dtype`` (inputs cast
+like FSDP2's root pre-forward),
+and the per-rank gradients are upcast to ``reduce_dtype`` before they are averaged.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from harness.scenario.spec import Clip, Ctx, MicroBatch, Scenario, Sharding, move_batch, torch_release
+from harness.train import recipe
+from harness.train.step import StepSnapshot
+
+__all__ = ["GLOO_AVG_SUMS", "PER_USE_UPCAST", "ReferenceSide", "quirks_for", "run_reference"]
+
+
+#: Known backend behaviour the reference must model to judge anything else on that
+#: backend: before torch 2.9 FSDP2 reduce-scatters fp32/bf16 grads with ReduceOp.AVG,
+#: which gloo computes as a sum over the shard group (HSDP's replicate all-reduce still
+#: averages, on 2.8; 2.7 rejects it). So grads come out ``shard size`` times too large on
+#: CPU. Cells judged under a quirk say so in their record (``reference_quirks``).
+GLOO_AVG_SUMS = "gloo reduce-scatter AVG sums (torch < 2.9): reference averages over the replicate dim only"
+#: From torch 2.15 FSDP2 accumulates unsharded grads through ``param.grad_dtype``: in a
+#: micro-batch without gradient sync, a parameter with no unsharded grad yet (the first
+#: micro-batch of a window, or the first that uses it) has ``grad_dtype = reduce_dtype``,
+#: so autograd upcasts each use's gradient and adds them in ``reduce_dtype``; later
+#: micro-batches sum a parameter's uses in ``param_dtype`` first (as before 2.15). Only a
+#: parameter used more than once in a forward (tied embeddings) sees the difference.
+PER_USE_UPCAST = ("first no-sync micro-batch upcasts each use of a parameter to reduce_dtype (torch >= 2.15): "
+                  "the reference accumulates those uses through grad_dtype too")
+
+
+def quirks_for(*, torch_version: str, backend: str, sharding: Sharding | None = None) -> list[str]:
+    """The backend and version quirks that apply to a cell (``GLOO_AVG_SUMS``, ``PER_USE_UPCAST``)."""
+    from packaging.version import Version
+
+    quirks = []
+    if "gloo" in backend and "nccl" not in backend and torch_release(torch_version) < Version("2.9"):
+        quirks.append(GLOO_AVG_SUMS)
+    if sharding is not None and _wider_reduce(sharding) and torch_release(torch_version) >= Version("2.15"):
+        quirks.append(PER_USE_UPCAST)
+    return quirks
+
+
+def _wider_reduce(sharding: Sharding) -> bool:
+    compute, reduce = sharding.param_dtype, sharding.reduce_dtype
+    return compute is not None and reduce is not None and reduce.itemsize > compute.itemsize
+
+
+def run_reference(scenario: Scenario, world_size: int, *, quirks: list[str] | None = None) -> list[StepSnapshot]:
+    """Replay ``scenario`` at ``world_size`` ranks (its data-parallel ones) in this process."""
+    torch.manual_seed(scenario.seed)
+    model = scenario.model()
+    named = dict(model.named_parameters())
+    side = ReferenceSide(scenario, model, scenario.sharding.data_parallel(world_size), quirks or [])
+    return recipe.train(scenario, side, named)
+
+
+def _cast_params(model: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """What FSDP2's ``MixedPrecisionPolicy(param_dtype=...)`` computes with: the parameters
+    cast, the buffers (rotary frequencies, ...) left as they are."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.data = p.data.to(dtype)
+    return model
+
+
+def _grads(loss: torch.Tensor, trainable: list[tuple[str, nn.Parameter]], upcast: set[str],
+           reduce_dtype: torch.dtype) -> list[torch.Tensor | None]:
+    """The gradient of ``loss`` for each parameter; those in ``upcast`` accumulate each of
+    their uses in ``reduce_dtype`` (``PER_USE_UPCAST``), the others sum them in their dtype."""
+    if not upcast:
+        return list(torch.autograd.grad(loss, [p for _, p in trainable], allow_unused=True))
+    for name, p in trainable:  # a private replica: its .grad is ours to use
+        p.grad = None
+        if name in upcast:
+            p.grad_dtype = reduce_dtype
+    loss.backward()
+    return [p.grad for _, p in trainable]
+
+
+class ReferenceSide:
+    """The recipe's ``Side`` in one process: every rank replayed, grads averaged by hand."""
+
+    def __init__(self, scenario: Scenario, model: nn.Module, world_size: int, quirks: list[str]) -> None:
+        self.scenario, self.model, self.world_size = scenario, model, world_size
+        self.named = dict(model.named_parameters())
+        self.divisor = world_size
+        if GLOO_AVG_SUMS in quirks:  # gloo summed over the shard group; only HSDP's replicate dim averaged
+            self.divisor = scenario.sharding.replicate
+        self.per_use_upcast = PER_USE_UPCAST in quirks
+        #: per rank, the params with an unsharded grad in the current accumulation window
+        self.window: list[set[str]] = [set() for _ in range(world_size)]
+
+    def micro_batch(self, step: int, k: int, micro_batch: MicroBatch) -> None:
+        for name, g in self._mean_over_ranks(step, k, micro_batch.sync).items():
+            p = self.named[name]
+            p.grad = g.to(p.dtype) if p.grad is None else p.grad + g.to(p.dtype)
+
+    def _mean_over_ranks(self, step: int, k: int, sync: bool) -> dict[str, torch.Tensor]:
+        """Mean over ranks of each parameter's gradient for micro-batch ``k`` (only used ones)."""
+        s = self.scenario
+        compute_dtype = s.sharding.param_dtype
+        reduce_dtype = s.sharding.reduce_dtype or compute_dtype or torch.float32
+        total: dict[str, torch.Tensor] = {}
+        for rank in range(self.world_size):
+            ctx = Ctx(rank=rank, world_size=self.world_size, step=step, micro_batch=k)
+            torch.manual_seed(s.batch_seed(ctx))
+            batch = s.batch(ctx)
+            replica = self.model
+            if compute_dtype is not None:
+                replica = _cast_params(copy.deepcopy(self.model), compute_dtype)
+                batch = move_batch(batch, float_dtype=compute_dtype)
+            trainable = [(n, p) for n, p in replica.named_parameters() if p.requires_grad]
+            upcast = {n for n, _ in trainable if n not in self.window[rank]} if self.per_use_upcast and not sync else set()
+            loss = s.forward(replica, batch, ctx)
+            grads = _grads(loss, trainable, upcast, reduce_dtype)
+            self.window[rank] = set() if sync else self.window[rank] | {n for (n, _), g in zip(trainable, grads) if g is not None}
+            for (name, _), g in zip(trainable, grads):
+                if g is not None:
+                    g = g.to(reduce_dtype)
+                    total[name] = g if name not in total else total[name] + g
+        return {name: g / self.divisor for name, g in total.items()}
+
+    def scale(self, factor: float) -> None:
+        for p in self.named.values():
+            if p.grad is not None:
+                p.grad.mul_(factor)
+
+    def grads(self) -> tuple[dict[str, torch.Tensor | None], dict[str, list[int]]]:
+        return {n: (None if p.grad is None else p.grad.detach().clone()) for n, p in self.named.items()}, {}
+
+    def clip(self, clip: Clip) -> float:
+        with_grad = [p for p in self.named.values() if p.grad is not None]
+        return float(torch.nn.utils.clip_grad_norm_(with_grad, clip.max_norm, clip.norm_type, foreach=False))
+
+    def params(self) -> dict[str, torch.Tensor]:
+        return {n: p.detach().clone() for n, p in self.named.items()}
+
+    def flush(self) -> None:
+        """Nothing to complete: every snapshot is already a private copy."""
