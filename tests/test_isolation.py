@@ -10,9 +10,9 @@ from tests.support import ROOT
 def test_snapshot_restores_torch_and_reinstall_is_fresh():
     script = textwrap.dedent('''
         import importlib, sys
-        from harness.undertest.undo import TorchSnapshot, forget_module
+        from harness.undertest.undo import PatchUndo, forget_module
         assert "torch.distributed.fsdp._fully_shard._fsdp_param" not in sys.modules  # snapshot must load it
-        snap0 = TorchSnapshot.take()
+        snap0 = PatchUndo.take()
         from torch.distributed.fsdp._fully_shard import _fsdp_collectives, _fsdp_param_group
         from harness.undertest.install import install_patches, load_patches_module
 
@@ -20,7 +20,7 @@ def test_snapshot_restores_torch_and_reinstall_is_fresh():
                  "restore_unused_param_grads"]
         original = (_fsdp_param_group.FSDPParamGroup.post_backward, _fsdp_collectives.foreach_reduce)
         for round in range(2):
-            snap = TorchSnapshot.take()
+            snap = PatchUndo.take()
             forget_module("fsdp_patches")
             outcomes = install_patches(load_patches_module("fsdp_patches"), names)
             statuses = sorted({o.status for o in outcomes.values()})

@@ -1,6 +1,6 @@
 import pytest
 
-from harness.plan.cells import LaunchPlan, all_patch_names, plan_cells
+from harness.plan.cells import all_patch_names, plan_cells
 from harness.plan.placement import group_into_launches, stages
 from harness.spec import Scenario
 from scenarios._models import MLP, randn_batch
@@ -92,15 +92,6 @@ def test_the_api_variant_keeps_the_patches_the_api_does_not_replace():
            api=UNUSED_PARAMS_API)
     (api,) = plan_cells([s], world_sizes=None, devices=["cpu"], variants=["api"], explicit_scenarios=False)
     assert api.patches == ("restore_unused_param_grads",) and api.api_replaces == ("unused_param_reduction",)
-
-
-def test_launch_plan_roundtrip(tmp_path):
-    cells = plan_cells([A], world_sizes=None, devices=["cpu"], variants=["patched"], explicit_scenarios=False)
-    plan = LaunchPlan(run_id="r", launch_id="l", device="cpu", world_size=1, patches_module="m",
-                      patches_module_id="m (m.py, sha256 0)", patch_mapping={}, out_path="o", progress_path="p",
-                      cells=cells, stages=stages(cells, 2))
-    plan.dump(tmp_path / "p.json")
-    assert LaunchPlan.load(str(tmp_path / "p.json")) == plan
 
 
 def test_a_scenarios_cells_share_a_slot_and_follow_it_to_smaller_stages():

@@ -3,15 +3,17 @@ records its workers appended."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from harness.protocol import parse_progress
 from harness.results.record import Record, RecordError
 
-__all__ = ["Watch"]
+__all__ = ["LaunchFollower"]
 
 
-class Watch:
+class LaunchFollower:
+    """Reads a launch's progress file and the records file as they grow."""
+
     def __init__(self, *, progress_path: Path, out_path: Path, launch_id: str) -> None:
         self.progress_path, self.out_path, self.launch_id = progress_path, out_path, launch_id
         self.offset = out_path.stat().st_size
@@ -28,10 +30,10 @@ class Watch:
     def _read_progress(self) -> None:
         lines, self.progress_offset = _complete_lines(self.progress_path, self.progress_offset)
         for line in lines:
-            event = json.loads(line)
-            if event["event"] == "start":
-                self.starts[event["cell"]] = event["t"]
-                self.ranks[event["cell"]] = event.get("ranks", [])
+            event = parse_progress(line)
+            if event is not None:
+                self.starts[event.cell] = event.t
+                self.ranks[event.cell] = list(event.ranks)
 
     def new_records(self) -> list[Record]:
         """Records of this launch appended since the last call."""

@@ -26,13 +26,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.launch.follow import Watch
-from harness.plan.cells import Cell, LaunchPlan
+from harness.launch.follow import LaunchFollower
+from harness.plan.cells import Cell
 from harness.plan.placement import group_into_launches, stages
 from harness.process import tree as procs
 from harness.process.crashlog import crash_cause, fatal_signal, tail
 from harness.process.gpus import gpu_slice, skip_reason, visible_gpus, worker_slot
-from harness.rank.watchdog import read_phase
+from harness.protocol import LaunchPlan, read_phase
 from harness.results import record
 
 __all__ = ["LaunchOptions", "RunResult", "run_cells"]
@@ -135,15 +135,12 @@ def _launch(cells: list[Cell], opts: LaunchOptions, result: RunResult) -> list[C
         run_id=opts.run_id, launch_id=launch_id, device=cells[0].device, world_size=world,
         patches_module=opts.patches_module, patches_module_id=opts.patches_module_id,
         patch_mapping=opts.patch_mapping, out_path=str(opts.out_path.resolve()),
-        progress_path=str((opts.log_dir / f"{launch_id}.progress").resolve()), phase_dir=str(opts.log_dir.resolve()),
-        log_path=str((opts.log_dir / f"{launch_id}.log").resolve()),
+        folder=str(opts.log_dir.resolve()),
         scenario_dirs=[str(Path(d).resolve()) for d in opts.scenario_dirs],
         dump_dir=str(opts.dump_dir.resolve()) if opts.dump_dir else None, cells=cells, stages=stages(cells, world),
     )
-    plan_path, log_path = opts.log_dir / f"{launch_id}.json", opts.log_dir / f"{launch_id}.log"
-    plan.dump(plan_path)
-    Path(plan.progress_path).write_text("")
-    watch = Watch(progress_path=Path(plan.progress_path), out_path=opts.out_path, launch_id=launch_id)
+    plan_path, log_path = plan.dump(), plan.log_file
+    watch = LaunchFollower(progress_path=plan.progress_file, out_path=opts.out_path, launch_id=launch_id)
     proc = _start(plan, plan_path, log_path, opts, world)
     by_index = {c.index: c for c in cells}
     killed_for: Cell | None = None
@@ -184,7 +181,7 @@ def _launch(cells: list[Cell], opts: LaunchOptions, result: RunResult) -> list[C
     return [c for c in cells if c.index not in done]
 
 
-def _follow(proc, plan: LaunchPlan, log_path: Path, watch: Watch, by_index: dict[int, Cell], opts: LaunchOptions,
+def _follow(proc, plan: LaunchPlan, log_path: Path, watch: LaunchFollower, by_index: dict[int, Cell], opts: LaunchOptions,
             result: RunResult) -> tuple[Cell | None, tuple[int, str, str] | None]:
     """Follow the launch until it exits, is interrupted, a rank dies of a fatal signal, or a
     cell overstays: (the cell it was killed for, (rank, exc type, message) of a dead rank)."""

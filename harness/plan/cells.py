@@ -1,15 +1,13 @@
-"""Cells and launches: what to run, and how cells are grouped so one torchrun runs many.
+"""Cells: what to run.
 
 A cell is (scenario, variant, device, backend, world size). It carries everything its
 record needs, the expectation included, so the worker and the launcher write records
-from the cell alone. Cells that can share a process are grouped into one launch.
+from the cell alone (``harness.plan.placement`` groups cells into launches).
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 
 from harness.scenario.spec import Scenario
 from harness.vocabulary import DEVICES, VARIANTS
@@ -17,7 +15,7 @@ from harness.vocabulary import DEVICES, VARIANTS
 #: per-cell timeout when neither the scenario nor the run sets one
 DEFAULT_TIMEOUT_S = 30.0
 
-__all__ = ["DEFAULT_TIMEOUT_S", "Cell", "LaunchPlan", "Stage", "all_patch_names", "plan_cells"]
+__all__ = ["DEFAULT_TIMEOUT_S", "Cell", "all_patch_names", "plan_cells"]
 
 
 @dataclass(kw_only=True)
@@ -45,74 +43,34 @@ class Cell:
     #: the scenario's public API alternative ("name (torch >= X)") and the patches it replaces
     api: str | None = None
     api_replaces: tuple[str, ...] = ()
-    #: 0 expected to finish cleanly, 1 to fail inside the cell, 2 may end the launch, 3 will
-    risk: int = 0
-
     @property
     def label(self) -> str:
         return f"{self.scenario}[{self.variant},{self.device},w{self.world_size}]"
+
+    @property
+    def expects_error(self) -> bool:
+        """Documented to raise inside the cell (it may leave its process group broken)."""
+        return "error" in self.expected
+
+    @property
+    def may_end_process(self) -> bool:
+        """Documented to hang or crash: it may take the process that runs it down."""
+        return bool({"hang", "crash"} & set(self.expected))
+
+    @property
+    def certain_crash(self) -> bool:
+        """Documented to crash (the process aborts), and nothing else."""
+        return set(self.expected) == {"crash"}
+
+    @property
+    def run_order(self) -> tuple[bool, bool, bool]:
+        """Within a slot: cells that finish cleanly first, then errors, then those that may end the process."""
+        return (self.certain_crash, self.may_end_process, self.expects_error)
 
     @classmethod
     def from_dict(cls, data: dict) -> Cell:
         tuples = ("mesh", "patches", "scenario_patches", "expected", "api_replaces")
         return cls(**{k: tuple(v) if k in tuples else v for k, v in data.items()})
-
-
-@dataclass(kw_only=True)
-class Stage:
-    """Cells of one world size; slot ``i`` runs on ranks ``[i * world_size, (i + 1) * world_size)``
-    (``harness.plan.placement`` builds them)."""
-
-    world_size: int
-    slots: list[list[int]] = field(default_factory=list)
-
-    def cells_of(self, slot: int) -> list[int]:
-        return self.slots[slot] if slot < len(self.slots) else []
-
-
-@dataclass(kw_only=True)
-class LaunchPlan:
-    """What one torchrun launch runs; written as JSON for the worker."""
-
-    run_id: str
-    launch_id: str
-    device: str
-    world_size: int
-    patches_module: str
-    patch_mapping: dict[str, str]
-    #: how records name the module under test (``harness.patch_source.PatchSource.describe``)
-    patches_module_id: str
-    out_path: str
-    progress_path: str
-    #: each rank stamps its phase into ``<phase_dir>/<launch_id>.rank<r>.phase``
-    phase_dir: str = ""
-    #: the launch's log (what the ranks print), read for the message of a process that aborted
-    log_path: str = ""
-    scenario_dirs: list[str] = field(default_factory=list)
-    dump_dir: str | None = None
-    cells: list[Cell] = field(default_factory=list)
-    #: the order and slots the cells run in (``harness.plan.placement``)
-    stages: list[Stage] = field(default_factory=list)
-
-    def cell(self, index: int) -> Cell:
-        return next(c for c in self.cells if c.index == index)
-
-    def phase_file(self, rank: int) -> Path:
-        return Path(self.phase_dir) / f"{self.launch_id}.rank{rank}.phase"
-
-    def crash_file(self, rank: int) -> Path:
-        """Where a rank's faulthandler writes if a fatal signal (SIGABRT, SIGSEGV, ...) kills it."""
-        return Path(self.phase_dir) / f"{self.launch_id}.rank{rank}.crash"
-
-    def dump(self, path: Path) -> None:
-        path.write_text(json.dumps(asdict(self), indent=1))
-
-    @classmethod
-    def load(cls, path: str) -> LaunchPlan:
-        data = json.loads(Path(path).read_text())
-        data["cells"] = [Cell.from_dict(c) for c in data["cells"]]
-        data["stages"] = [Stage(**s) for s in data["stages"]]
-        return cls(**data)
 
 
 def plan_cells(
@@ -171,7 +129,6 @@ def plan_cells(
                         expected=expect.status, expected_match=expect.match, why=expect.why,  # type: ignore[arg-type]
                         fixed_by=expect.fixed_by, upstream=expect.upstream,
                         api=s.api.describe() if s.api else None, api_replaces=s.api.replaces if s.api else (),
-                        risk=_risk(expect.status),  # type: ignore[arg-type]
                     ))
     return cells
 
@@ -193,15 +150,6 @@ def all_patch_names(scenarios: list[Scenario]) -> tuple[str, ...]:
     for s in scenarios:
         names.update(dict.fromkeys(s.patches))
     return tuple(names)
-
-
-def _risk(statuses: tuple[str, ...]) -> int:
-    """3: certain to end the launch (a crash), 2: may end it, 1: fails inside the cell, 0: passes."""
-    if set(statuses) == {"crash"}:
-        return 3
-    if set(statuses) & {"hang", "crash"}:
-        return 2
-    return 1 if "error" in statuses else 0
 
 
 def _torch_version() -> str:

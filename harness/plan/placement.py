@@ -22,10 +22,22 @@ benchmark compares both); ``isolate="process"`` gives each patch set launches of
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, field
 
-from harness.plan.cells import Cell, Stage
+from harness.plan.cells import Cell
 
-__all__ = ["ends_launch", "group_into_launches", "stages"]
+__all__ = ["Stage", "ends_launch", "group_into_launches", "runs_forked", "stages"]
+
+
+@dataclass(kw_only=True)
+class Stage:
+    """Cells of one world size; slot ``i`` runs on ranks ``[i * world_size, (i + 1) * world_size)``."""
+
+    world_size: int
+    slots: list[list[int]] = field(default_factory=list)
+
+    def cells_of(self, slot: int) -> list[int]:
+        return self.slots[slot] if slot < len(self.slots) else []
 
 
 def group_into_launches(cells: list[Cell], *, per: str = "device", isolate: str = "snapshot") -> list[list[Cell]]:
@@ -53,7 +65,7 @@ def stages(cells: list[Cell], world: int) -> list[Stage]:
         mine = [c for c in normal if c.world_size == ws]
         slots = _assign(mine, min(world // ws, len(mine)), home, ws)
         out.append(Stage(world_size=ws, slots=[
-            [c.index for c in sorted(s, key=lambda c: (c.risk, order[(c.variant != "vanilla", c.patches)], c.index))]
+            [c.index for c in sorted(s, key=lambda c: (c.run_order, order[(c.variant != "vanilla", c.patches)], c.index))]
             for s in slots]))
     for c in sorted((c for c in cells if ends_launch(c)), key=lambda c: c.index):
         out.append(Stage(world_size=c.world_size, slots=[[c.index]]))
@@ -98,7 +110,14 @@ def _assign(cells: list[Cell], n: int, home: dict[str, int], ws: int) -> list[li
 
 def ends_launch(c: Cell) -> bool:
     """A documented crash that runs in the worker itself (no fork on its device)."""
-    return c.risk >= 3 and not (c.device == "cpu" and hasattr(os, "fork"))
+    return c.certain_crash and not runs_forked(c)
+
+
+def runs_forked(c: Cell) -> bool:
+    """A cell that may end its process runs, on CPU, in a process forked from the rank's
+    zygote (``harness.rank.forked``): an abort costs the cell, not the launch. CUDA cannot
+    be used across ``fork``, so cuda cells run in the worker itself."""
+    return c.may_end_process and c.device == "cpu" and hasattr(os, "fork")
 
 
 def _hangs(c: Cell) -> bool:

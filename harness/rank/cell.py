@@ -21,16 +21,18 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from harness.plan.cells import Cell, LaunchPlan
+from harness.plan.cells import Cell
+from harness.plan.placement import runs_forked
+from harness.protocol import CellKeys, LaunchPlan, mark_started, read_phase
 from harness.rank import peers
-from harness.rank.watchdog import CellTimeout, Watchdog, read_phase
+from harness.rank.watchdog import CellTimeout, Watchdog
 from harness.results import record
 from harness.scenario.spec import UNUSED_PARAMS_API, Scenario
 from harness.train import compare
 from harness.train.reference import quirks_for, run_reference
-from harness.train.step import StepSnapshot
+from harness.train.step import StepTensors
 from harness.undertest.install import install_set, load_patches_module
-from harness.undertest.undo import TorchSnapshot, forget_module
+from harness.undertest.undo import PatchUndo, forget_module
 
 __all__ = ["CellRun"]
 
@@ -50,34 +52,33 @@ class CellRun:
     active: tuple[str, ...] = ()
     installs: dict[str, dict[str, str]] = field(default_factory=dict)
     utilities: dict[str, Any] = field(default_factory=dict)
-    snapshot: TorchSnapshot | None = None
+    undo: PatchUndo | None = None
     #: patch set -> the cell whose install of it hung (it is not retried)
     hung_sets: dict[tuple[str, ...], int] = field(default_factory=dict)
-    #: forks the processes of cells that may abort (``harness.forked.Zygote``); None: run them here
+    #: forks the processes of cells that may abort (``harness.rank.forked.Zygote``); None: run them here
     zygote: Any = None
 
-    def cell(self, cell: Cell, *, slot_rank0: int, rank: int) -> bool:
+    def run_cell(self, cell: Cell, *, slot_rank0: int, rank: int) -> bool:
         """Run ``cell`` as rank ``rank`` of its slot; False when the launch must end.
 
         A cell that may abort the process (a documented crash or hang) runs in a forked
         process per rank on CPU (``harness.rank.forked``), so an abort costs the cell, not the launch."""
         t0 = time.time()
         if rank == 0:
-            record.mark_progress(self.plan.progress_path, cell.index, "start",
-                                 ranks=list(range(slot_rank0, slot_rank0 + cell.world_size)))
-        if cell.risk >= 2 and cell.device == "cpu" and self.zygote is not None:
+            mark_started(self.plan.progress_file, cell.index, list(range(slot_rank0, slot_rank0 + cell.world_size)))
+        if runs_forked(cell) and self.zygote is not None:
             return self.zygote.run_cell(self, cell, slot_rank0=slot_rank0, rank=rank, t0=t0)
-        return self.run(cell, slot_rank0=slot_rank0, rank=rank, t0=t0)
+        return self.run_here(cell, slot_rank0=slot_rank0, rank=rank, t0=t0)
 
-    def run(self, cell: Cell, *, slot_rank0: int, rank: int, t0: float) -> bool:
+    def run_here(self, cell: Cell, *, slot_rank0: int, rank: int, t0: float) -> bool:
         """The cell itself, in this process."""
-        prefix = f"{self.plan.launch_id}/{cell.index}"
+        keys = CellKeys(launch_id=self.plan.launch_id, index=cell.index)
         self.watchdog.arm(cell.timeout_s)
         observed, outcome, fields = None, peers.RankOutcome(rank=rank, ok=True), {}
         try:
             fields = self._prepare(cell)
             if not fields:
-                observed = self._train(cell, prefix, rank)
+                observed = self._train(cell, keys, rank)
         except BaseException as e:  # CellTimeout included: the cell ends, the launch goes on
             outcome = _failure(rank, e, self.watchdog)
         finally:
@@ -86,29 +87,29 @@ class CellRun:
             # gloo keeps a failed group's sockets open: a peer blocked in a collective on this
             # rank would wait for the timeout. Shutting them makes it fail at once.
             peers.shutdown_peer_sockets()
-        peers.post(self.store, prefix, outcome)
+        peers.post(self.store, keys, outcome)
         if rank != 0:
             recorded = self.wait_recorded(cell, t0=t0)
             self.watchdog.disarm()
-            return recorded and not self.store.check([f"{prefix}/abandoned"])
+            return recorded and not self.store.check([keys.abandoned])
         missing = self.judge(cell, t0=t0, observed=observed, fields=fields, slot_rank0=slot_rank0)
         self.watchdog.disarm()
         return not missing
 
     def wait_recorded(self, cell: Cell, *, t0: float) -> bool:
         """A rank other than the judge: wait (bounded) until the judge has written the cell's record."""
-        prefix = f"{self.plan.launch_id}/{cell.index}"
-        return peers.wait(self.store, [f"{prefix}/recorded"], t0 + cell.timeout_s + _RECORDED_GRACE_S - time.time())
+        keys = CellKeys(launch_id=self.plan.launch_id, index=cell.index)
+        return peers.wait(self.store, [keys.recorded], t0 + cell.timeout_s + _RECORDED_GRACE_S - time.time())
 
-    def judge(self, cell: Cell, *, t0: float, observed: list[StepSnapshot] | None, fields: dict[str, Any],
+    def judge(self, cell: Cell, *, t0: float, observed: list[StepTensors] | None, fields: dict[str, Any],
               slot_rank0: int) -> list[int]:
         """The slot's first rank: collect every rank's outcome, judge, write the record.
         Returns the ranks that never reported."""
-        prefix = f"{self.plan.launch_id}/{cell.index}"
+        keys = CellKeys(launch_id=self.plan.launch_id, index=cell.index)
         deadline = t0 + cell.timeout_s + _REPORT_GRACE_S
-        outcomes, missing = peers.collect_outcomes(self.store, prefix, cell.world_size, max(1.0, deadline - time.time()))
+        outcomes, missing = peers.collect_outcomes(self.store, keys, cell.world_size, max(1.0, deadline - time.time()))
         if missing:  # a rank is stuck where the watchdog cannot reach: this launch must end
-            self.store.set(f"{prefix}/abandoned", "0")
+            self.store.set(keys.abandoned, "0")
         fields = fields or self._outcome_fields(cell, observed, outcomes, missing, slot_rank0)
         rec = record.new_record(cell, run_id=self.plan.run_id, launch_id=self.plan.launch_id,
                                 patches_module=self.plan.patches_module,
@@ -116,7 +117,7 @@ class CellRun:
                                 patch_install={n: self.installs[n] for n in cell.patches if n in self.installs},
                                 **fields)
         record.append(self.plan.out_path, record.finish(rec, t0))
-        self.store.set(f"{prefix}/recorded", "1")
+        self.store.set(keys.recorded, "1")
         return missing
 
     # -- steps ------------------------------------------------------------------------
@@ -145,12 +146,12 @@ class CellRun:
         """Install a patch set; switching sets first undoes the previous one (``harness.undertest.undo``)."""
         if names == self.active:
             return
-        if self.snapshot is not None:
-            self.snapshot.restore()
-        self.snapshot, self.active, self.installs, self.utilities = None, names, {}, {}
+        if self.undo is not None:
+            self.undo.restore()
+        self.undo, self.active, self.installs, self.utilities = None, names, {}, {}
         if not names:
             return
-        self.snapshot = TorchSnapshot.take()
+        self.undo = PatchUndo.take()
         forget_module(self.plan.patches_module)
         try:
             with self.watchdog.user_code("import patches"):
@@ -162,12 +163,12 @@ class CellRun:
             self.installs, self.utilities = install_set(module, list(names), self.plan.patch_mapping,
                                                         label=self.plan.patches_module)
 
-    def _train(self, cell: Cell, prefix: str, rank: int) -> list[StepSnapshot]:
+    def _train(self, cell: Cell, keys: CellKeys, rank: int) -> list[StepTensors]:
         from harness.train import fsdp as fsdp_run
 
         scenario = self._scenario(cell)
         with self.watchdog.user_code("init group"):
-            dist.init_process_group(backend=cell.backend, store=dist.PrefixStore(f"{prefix}/pg", self.store),
+            dist.init_process_group(backend=cell.backend, store=dist.PrefixStore(keys.group, self.store),
                                     rank=rank, world_size=cell.world_size,
                                     timeout=datetime.timedelta(seconds=cell.timeout_s))
             return fsdp_run.train(scenario, cell, self.utilities, rank, cell.world_size, stamp=self.watchdog.stamp)
@@ -176,7 +177,7 @@ class CellRun:
         scenario = self.scenarios[cell.scenario]
         return scenario.with_api() if cell.variant == "api" else scenario
 
-    def _outcome_fields(self, cell: Cell, observed: list[StepSnapshot] | None, outcomes: list[peers.RankOutcome],
+    def _outcome_fields(self, cell: Cell, observed: list[StepTensors] | None, outcomes: list[peers.RankOutcome],
                         missing: list[int], slot_rank0: int) -> dict[str, Any]:
         if missing or not all(o.ok for o in outcomes):
             phases = {r: read_phase(self.plan.phase_file(slot_rank0 + r)) for r in missing}
@@ -234,7 +235,7 @@ def _skip_reason(cell: Cell, scenario: Scenario) -> str | None:
     return None
 
 
-def _judge(scenario: Scenario, observed: list[StepSnapshot], cell: Cell) -> dict[str, Any]:
+def _judge(scenario: Scenario, observed: list[StepTensors], cell: Cell) -> dict[str, Any]:
     quirks = quirks_for(torch_version=torch.__version__, backend=cell.backend, sharding=scenario.sharding) if scenario.reference_quirks else []
     result = compare.compare_runs(observed, run_reference(scenario, cell.world_size, quirks=quirks))
     fields = {**result.as_record_fields(), "reference_quirks": quirks, "status": "pass" if result.ok else "mismatch"}
@@ -245,7 +246,7 @@ def _judge(scenario: Scenario, observed: list[StepSnapshot], cell: Cell) -> dict
     return fields
 
 
-def _dump(folder: str, cell: Cell, observed: list[StepSnapshot]) -> None:
+def _dump(folder: str, cell: Cell, observed: list[StepTensors]) -> None:
     """Save the observed snapshots (for determinism checks and local reproduction)."""
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, f"{cell.scenario}-{cell.variant}-{cell.device}-w{cell.world_size}.pt")

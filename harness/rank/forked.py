@@ -33,13 +33,13 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass
-from pathlib import Path
 
-from harness.plan.cells import Cell, LaunchPlan
+from harness.plan.cells import Cell
 from harness.process.crashlog import last_what
 from harness.process.tree import die_with_parent
+from harness.protocol import CellKeys, LaunchPlan, read_phase
 from harness.rank import peers
-from harness.rank.watchdog import Watchdog, read_phase
+from harness.rank.watchdog import Watchdog
 
 __all__ = ["Zygote"]
 
@@ -76,20 +76,20 @@ class Zygote:
 
     def run_cell(self, run, cell: Cell, *, slot_rank0: int, rank: int, t0: float) -> bool:
         """``run``'s ``cell`` in a process forked from the zygote; True: the launch goes on."""
-        prefix = f"{run.plan.launch_id}/{cell.index}"
+        keys = CellKeys(launch_id=run.plan.launch_id, index=cell.index)
         pid = self.fork_cell(cell, slot_rank0=slot_rank0, rank=rank, t0=t0)
         if pid is None:  # the zygote is gone: run the cell here
-            return run.run(cell, slot_rank0=slot_rank0, rank=rank, t0=t0)
+            return run.run_here(cell, slot_rank0=slot_rank0, rank=rank, t0=t0)
         status = self.wait(pid, t0 + cell.timeout_s + _CHILD_GRACE_S)
         if status is None or os.WIFSIGNALED(status):
             sig = signal.SIGKILL if status is None else os.WTERMSIG(status)
-            if not run.store.check([f"{prefix}/status/{rank}"]):
+            if not run.store.check([keys.status(rank)]):
                 name = signal.Signals(sig).name
-                what = last_what(Path(run.plan.log_path)) if run.plan.log_path else None
-                peers.post(run.store, prefix, peers.RankOutcome(
+                what = last_what(run.plan.log_file)
+                peers.post(run.store, keys, peers.RankOutcome(
                     rank=rank, ok=False, exc_type="Signal", t_fail=time.time(), phase=_phase(run.plan, slot_rank0 + rank),
                     exc_msg=f"rank {rank} died: signal {int(sig)} ({name})" + (f": {what}" if what else "")))
-        if run.store.check([f"{prefix}/recorded"]):
+        if run.store.check([keys.recorded]):
             return True
         if rank == 0:  # the judge's cell process died before it wrote the record: judge here
             run.judge(cell, t0=t0, observed=None, fields={}, slot_rank0=slot_rank0)
@@ -138,7 +138,7 @@ class Zygote:
 
 
 def _phase(plan: LaunchPlan, global_rank: int) -> str | None:
-    return read_phase(plan.phase_file(global_rank)) if plan.phase_dir else None
+    return read_phase(plan.phase_file(global_rank))
 
 
 # -- the zygote's side -------------------------------------------------------------------
@@ -175,10 +175,9 @@ def _cell_process(plan: LaunchPlan, scenarios: dict, *, index: int, slot_rank0: 
         die_with_parent()
         gc.freeze()
         world = int(os.environ["WORLD_SIZE"])
-        phase_file = plan.phase_file(slot_rank0 + rank) if plan.phase_dir else None
         run = CellRun(plan=plan, store=peers.connect_store(world, client_only=True),
-                      watchdog=Watchdog(phase_file, on_expire=peers.unblock), scenarios=scenarios)
-        code = 0 if run.run(plan.cell(index), slot_rank0=slot_rank0, rank=rank, t0=t0) else 3
+                      watchdog=Watchdog(plan.phase_file(slot_rank0 + rank), on_expire=peers.unblock), scenarios=scenarios)
+        code = 0 if run.run_here(plan.cell(index), slot_rank0=slot_rank0, rank=rank, t0=t0) else 3
     except BaseException:
         traceback.print_exc()
     finally:

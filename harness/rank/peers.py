@@ -18,7 +18,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from harness.rank.watchdog import phase_key
+from harness.protocol import CellKeys, phase_key
 
 __all__ = ["RankOutcome", "blame", "collect_outcomes", "connect_store", "post", "shutdown_peer_sockets",
            "unblock", "wait"]
@@ -60,17 +60,17 @@ def connect_store(world: int, *, client_only: bool = False) -> dist.Store:
     )
 
 
-def post(store: dist.Store, prefix: str, outcome: RankOutcome) -> None:
-    store.set(f"{prefix}/status/{outcome.rank}", json.dumps(asdict(outcome)))
+def post(store: dist.Store, keys: CellKeys, outcome: RankOutcome) -> None:
+    store.set(keys.status(outcome.rank), json.dumps(asdict(outcome)))
 
 
-def collect_outcomes(store: dist.Store, prefix: str, world: int, timeout_s: float) -> tuple[list[RankOutcome], list[int]]:
+def collect_outcomes(store: dist.Store, keys: CellKeys, world: int, timeout_s: float) -> tuple[list[RankOutcome], list[int]]:
     """Every rank's outcome, waiting at most ``timeout_s`` in all; and the ranks that never reported."""
     deadline = time.time() + timeout_s
     outcomes: list[RankOutcome] = []
     missing: list[int] = []
     for r in range(world):
-        key = f"{prefix}/status/{r}"
+        key = keys.status(r)
         if not wait(store, [key], max(1.0, deadline - time.time())):
             missing.append(r)
             continue

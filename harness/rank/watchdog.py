@@ -20,7 +20,6 @@ so a hang record names the ranks that did not arrive and where they were.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import sys
@@ -29,7 +28,9 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-__all__ = ["CellTimeout", "Watchdog", "phase_key", "read_phase"]
+from harness.protocol import IDLE, write_phase
+
+__all__ = ["CellTimeout", "Watchdog"]
 
 
 class CellTimeout(BaseException):
@@ -43,7 +44,7 @@ class Watchdog:
     def __init__(self, phase_file: Path | None, on_expire: Callable[[], object]) -> None:
         self.phase_file = phase_file
         self.on_expire = on_expire
-        self.phase = "idle"
+        self.phase = IDLE
         self.deadline: float | None = None
         self.fired = False
         #: at the deadline: the main thread's innermost frame, and whether it was waiting
@@ -66,7 +67,7 @@ class Watchdog:
         with self._wake:
             self.deadline = None
             self._wake.notify()
-        self.stamp("idle")
+        self.stamp(IDLE)
 
     @contextlib.contextmanager
     def user_code(self, phase: str) -> Iterator[None]:
@@ -85,7 +86,7 @@ class Watchdog:
         """Record where this rank is (also read by the launcher after a kill)."""
         self.phase = phase
         if self.phase_file is not None:
-            self.phase_file.write_text(json.dumps({"phase": phase, "t": time.time()}))
+            write_phase(self.phase_file, phase)
 
     # -- the thread and the signal ----------------------------------------------------
     def _watch(self) -> None:
@@ -123,31 +124,3 @@ def _stack(frame, depth: int):
     while frame is not None and depth > 0:
         yield frame
         frame, depth = frame.f_back, depth - 1
-
-
-def read_phase(path: Path) -> str | None:
-    """The phase a rank last stamped, or None."""
-    try:
-        return json.loads(path.read_text())["phase"]
-    except (OSError, ValueError, KeyError):
-        return None
-
-
-_STAGES = ("import patches", "install patches", "init group", "build model")
-
-
-def phase_key(phase: str | None) -> tuple:
-    """Sort key of a phase: a rank with a smaller key is behind (did not arrive)."""
-    if not phase or phase == "idle":
-        return (-1,)
-    if phase in _STAGES:
-        return (_STAGES.index(phase),)
-    if phase == "reference":
-        return (9,)
-    words = phase.split()
-    if words[0] == "step" and len(words) >= 3:
-        step = int(words[1])
-        if words[2] == "micro-batch":
-            return (5, step, int(words[3]), 1 if words[-1] == "backward" else 0)
-        return (5, step, 10**6, words[2:])
-    return (8, phase)

@@ -25,8 +25,9 @@ import sys
 
 import torch
 
-from harness.plan.cells import LaunchPlan
+from harness.plan.placement import runs_forked
 from harness.process.tree import die_with_parent
+from harness.protocol import LaunchPlan, stage_done
 from harness.rank import peers
 from harness.rank.cell import CellRun
 from harness.rank.forked import Zygote
@@ -45,25 +46,25 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--plan", required=True)
     plan = LaunchPlan.load(parser.parse_args(argv).plan)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    if plan.phase_dir:  # tells the launcher at once which rank a fatal signal killed
-        faulthandler.enable(file=open(plan.crash_file(rank), "w"))  # noqa: SIM115 (kept open for the process)
+    # tells the launcher at once which rank a fatal signal killed
+    faulthandler.enable(file=open(plan.crash_file(rank), "w"))  # noqa: SIM115 (kept open for the process)
     if plan.device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     scenarios = load_scenarios(plan.scenario_dirs).scenarios
     preload()  # before the first cell's deadline runs
     _import_requirements(plan, scenarios)
     # before any cell, thread or store connection: cells that may abort run in its forks
-    zygote = Zygote.start(plan, scenarios) if any(c.risk >= 2 and c.device == "cpu" for c in plan.cells) else None
+    zygote = Zygote.start(plan, scenarios) if any(runs_forked(c) for c in plan.cells) else None
     store = peers.connect_store(world)
-    watchdog = Watchdog(plan.phase_file(rank) if plan.phase_dir else None, on_expire=peers.unblock)
+    watchdog = Watchdog(plan.phase_file(rank), on_expire=peers.unblock)
     run = CellRun(plan=plan, store=store, watchdog=watchdog, scenarios=scenarios, zygote=zygote)
     for n, stage in enumerate(plan.stages):
         slot, local = divmod(rank, stage.world_size)
         for index in stage.cells_of(slot):
-            if not run.cell(plan.cell(index), slot_rank0=slot * stage.world_size, rank=local):
+            if not run.run_cell(plan.cell(index), slot_rank0=slot * stage.world_size, rank=local):
                 _exit(EXIT_POISONED)
-        store.set(f"{plan.launch_id}/stage{n}/{rank}", "done")
-        peers.wait(store, [f"{plan.launch_id}/stage{n}/{r}" for r in range(world)], 24 * 3600)
+        store.set(stage_done(plan.launch_id, n, rank), "done")
+        peers.wait(store, [stage_done(plan.launch_id, n, r) for r in range(world)], 24 * 3600)
     _exit(0)  # avoids the frequent abort at interpreter exit after destroy_process_group()
 
 

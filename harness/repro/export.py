@@ -1,6 +1,6 @@
 """Export one cell as a standalone script that needs only torch.
 
-The script is ``harness/standalone.py`` with its ``HEADER`` (the cell, its expectation,
+The script is ``harness/repro/standalone.py`` with its ``HEADER`` (the cell, its expectation,
 the patches module and patch mapping) and ``SOURCES`` (the harness modules it runs, the
 scenario file and the scenario helpers it imports, and for a patched cell the patches
 module) filled in, so it runs on a machine where this project is not installed.
@@ -55,7 +55,7 @@ def export_script(cell: Cell, module: str, path: Path, *, patches_module: str = 
         "exported_with_torch": torch.__version__,
     }
     launch = "python" if cell.world_size == 1 else f"torchrun --standalone --nproc-per-node {cell.world_size}"
-    text = (HARNESS / "standalone.py").read_text()
+    text = (Path(__file__).with_name("standalone.py")).read_text()
     text = _fill(text, "HEADER", header)
     text = _fill(text, "SOURCES", sources)
     intro = (f"# {cell.label}, exported with torch {torch.__version__} by fsdp-compat.\n"

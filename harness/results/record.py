@@ -33,7 +33,7 @@ __all__ = [
     "expand_paths",
     "finish",
     "load_records",
-    "mark_progress",
+    "append_line",
     "new_record",
 ]
 
@@ -247,10 +247,6 @@ def append_line(path: str | os.PathLike, line: str, *, sync: bool = False) -> No
             os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def mark_progress(path: str | os.PathLike, index: int, event: str, **info: Any) -> None:
-    append_line(path, json.dumps({"cell": index, "event": event, "t": time.time(), **info}))
 
 
 # --------------------------------------------------------------------------- reading

@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from harness.train.step import StepSnapshot
+from harness.train.step import StepTensors
 
 __all__ = ["Comparison", "Diff", "TOLERANCES", "Tolerance", "compare_runs", "tolerance_of"]
 
@@ -104,7 +104,7 @@ class Comparison:
         }
 
 
-def compare_runs(observed: list[StepSnapshot], reference: list[StepSnapshot]) -> Comparison:
+def compare_runs(observed: list[StepTensors], reference: list[StepTensors]) -> Comparison:
     result = Comparison()
     assert len(observed) == len(reference), "observed and reference must cover the same steps"
     for obs, ref in zip(observed, reference):

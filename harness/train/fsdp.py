@@ -24,13 +24,13 @@ from harness.scenario.spec import Clip, Ctx, MicroBatch, Scenario, move_batch
 from harness.train import recipe
 from harness.train.gather import Deferred, gather_full, plain_placements
 from harness.train.norm_group import rehome
-from harness.train.step import StepSnapshot
+from harness.train.step import StepTensors
 
 __all__ = ["FsdpSide", "build_model", "train"]
 
 
 def train(scenario: Scenario, cell: Cell, utilities: dict[str, Any], rank: int, world: int,
-          stamp: Callable[[str], object] = lambda phase: None) -> list[StepSnapshot]:
+          stamp: Callable[[str], object] = lambda phase: None) -> list[StepTensors]:
     """Build, shard and train ``scenario`` on this rank; snapshots of every step.
 
     ``stamp(phase)`` is told where the rank is ("build model", "step 0 micro-batch 1

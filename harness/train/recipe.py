@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from harness.scenario.spec import Clip, MicroBatch, Scenario
-from harness.train.step import StepSnapshot
+from harness.train.step import StepTensors
 
 __all__ = ["Side", "set_to_none_after", "train"]
 
@@ -52,14 +52,14 @@ def set_to_none_after(step: int) -> bool:
     return step % 2 == 0
 
 
-def train(scenario: Scenario, side: Side, named: dict[str, nn.Parameter]) -> list[StepSnapshot]:
+def train(scenario: Scenario, side: Side, named: dict[str, nn.Parameter]) -> list[StepTensors]:
     """Run every step of ``scenario`` through ``side``; one snapshot per step."""
     opt = scenario.optimizer.build(named.values())
     snapshots = []
     for step in range(scenario.steps):
         for k, micro_batch in enumerate(scenario.schedule):
             side.micro_batch(step, k, micro_batch)
-        snap = StepSnapshot(step=step)
+        snap = StepTensors(step=step)
         if scenario.grad_scale is not None:
             side.scale(scenario.grad_scale)
         snap.grads, snap.inconsistent = side.grads()

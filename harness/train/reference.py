@@ -25,7 +25,7 @@ from torch import nn
 
 from harness.scenario.spec import Clip, Ctx, MicroBatch, Scenario, Sharding, move_batch, torch_release
 from harness.train import recipe
-from harness.train.step import StepSnapshot
+from harness.train.step import StepTensors
 
 __all__ = ["GLOO_AVG_SUMS", "PER_USE_UPCAST", "ReferenceSide", "quirks_for", "run_reference"]
 
@@ -63,7 +63,7 @@ def _wider_reduce(sharding: Sharding) -> bool:
     return compute is not None and reduce is not None and reduce.itemsize > compute.itemsize
 
 
-def run_reference(scenario: Scenario, world_size: int, *, quirks: list[str] | None = None) -> list[StepSnapshot]:
+def run_reference(scenario: Scenario, world_size: int, *, quirks: list[str] | None = None) -> list[StepTensors]:
     """Replay ``scenario`` at ``world_size`` ranks (its data-parallel ones) in this process."""
     torch.manual_seed(scenario.seed)
     model = scenario.model()

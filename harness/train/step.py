@@ -6,11 +6,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["StepSnapshot"]
+__all__ = ["StepTensors"]
 
 
 @dataclass(kw_only=True)
-class StepSnapshot:
+class StepTensors:
     """Full (unsharded) tensors on CPU, keyed by parameter name.
 
     ``grads``: after accumulation (and grad scaling), before clipping; ``None`` where the

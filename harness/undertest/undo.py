@@ -2,7 +2,7 @@
 
 A patches module installs by assigning attributes: functions on torch's modules
 (``foreach_reduce``) and methods on its classes (``FSDPParamGroup.post_backward``).
-``TorchSnapshot`` records every attribute of the torch modules a patch may touch, and of
+``PatchUndo`` records every attribute of the torch modules a patch may touch, and of
 the classes they define, and puts them back; the patches module itself is imported afresh
 for each patch set, so its own "already installed" state starts clean too.
 
@@ -18,21 +18,21 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-__all__ = ["SCOPES", "TorchSnapshot", "forget_module", "preload"]
+__all__ = ["SCOPES", "PatchUndo", "forget_module", "preload"]
 
 SCOPES = ("torch.distributed", "torch.nn.utils", "torch.optim")
 _MISSING = object()
 
 
 @dataclass
-class TorchSnapshot:
+class PatchUndo:
     """Attributes of in-scope modules and their classes, as they were at ``take()``."""
 
     modules: dict[str, dict[str, Any]] = field(default_factory=dict)
     classes: list[tuple[type, dict[str, Any]]] = field(default_factory=list)
 
     @classmethod
-    def take(cls) -> TorchSnapshot:
+    def take(cls) -> PatchUndo:
         preload()
         snap = cls()
         seen: set[int] = set()

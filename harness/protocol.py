@@ -1,0 +1,217 @@
+"""The launcher <-> worker protocol, in one place.
+
+The launcher (``harness.launch``) and the ranks (``harness.rank``) share nothing but
+files in a launch folder and torchrun's store. This module is everything they agree on:
+
+* the **launch plan** (``LaunchPlan``): one JSON file the launcher writes and every rank
+  reads: the cells, their stages and slots, where records go;
+* the **files beside it**, all named ``<launch_id>.*`` in the launch folder: the log
+  (what the ranks print), the **progress** file (one JSON line per cell start, with the
+  global ranks that run it), and per rank a **phase** file (where the rank is now: the
+  launcher reads it after a kill to say where each rank was) and a **crash** file
+  (faulthandler's report when a fatal signal kills the rank);
+* the **phase** vocabulary (``phase_key`` orders phases so a hang can be blamed on the
+  rank that is behind);
+* the **store keys** through which the ranks of a cell agree on its outcome
+  (``CellKeys``) and the ranks of a launch meet at the end of a stage (``stage_done``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.plan.cells import Cell
+from harness.plan.placement import Stage
+from harness.results.record import append_line
+
+__all__ = [
+    "IDLE",
+    "SETUP_PHASES",
+    "CellKeys",
+    "LaunchPlan",
+    "ProgressEvent",
+    "mark_started",
+    "parse_progress",
+    "phase_key",
+    "read_phase",
+    "stage_done",
+    "step_phase",
+    "write_phase",
+]
+
+
+# --------------------------------------------------------------------------- the plan
+
+
+@dataclass(kw_only=True)
+class LaunchPlan:
+    """What one torchrun launch runs; written as JSON for the workers."""
+
+    run_id: str
+    launch_id: str
+    device: str
+    world_size: int
+    patches_module: str
+    patch_mapping: dict[str, str]
+    #: how records name the module under test (``harness.undertest.source.PatchSource.describe``)
+    patches_module_id: str
+    #: the records file every judging rank appends to
+    out_path: str
+    #: the launch folder: the plan, log, progress, phase and crash files
+    folder: str
+    scenario_dirs: list[str] = field(default_factory=list)
+    dump_dir: str | None = None
+    cells: list[Cell] = field(default_factory=list)
+    #: the order and slots the cells run in (``harness.plan.placement``)
+    stages: list[Stage] = field(default_factory=list)
+
+    def cell(self, index: int) -> Cell:
+        return next(c for c in self.cells if c.index == index)
+
+    def _file(self, suffix: str) -> Path:
+        return Path(self.folder) / f"{self.launch_id}.{suffix}"
+
+    @property
+    def plan_file(self) -> Path:
+        return self._file("json")
+
+    @property
+    def log_file(self) -> Path:
+        return self._file("log")
+
+    @property
+    def progress_file(self) -> Path:
+        return self._file("progress")
+
+    def phase_file(self, rank: int) -> Path:
+        """Where global rank ``rank`` stamps its phase (``write_phase``)."""
+        return self._file(f"rank{rank}.phase")
+
+    def crash_file(self, rank: int) -> Path:
+        """Where a rank's faulthandler writes if a fatal signal (SIGABRT, SIGSEGV, ...) kills it."""
+        return self._file(f"rank{rank}.crash")
+
+    def dump(self) -> Path:
+        Path(self.folder).mkdir(parents=True, exist_ok=True)
+        self.plan_file.write_text(json.dumps(asdict(self), indent=1))
+        self.progress_file.write_text("")
+        return self.plan_file
+
+    @classmethod
+    def load(cls, path: str | Path) -> LaunchPlan:
+        data = json.loads(Path(path).read_text())
+        data["cells"] = [Cell.from_dict(c) for c in data["cells"]]
+        data["stages"] = [Stage(**s) for s in data["stages"]]
+        return cls(**data)
+
+
+# --------------------------------------------------------------------------- progress
+
+
+@dataclass(kw_only=True, frozen=True)
+class ProgressEvent:
+    """One line of the progress file: a cell started at ``t`` on these global ranks."""
+
+    cell: int
+    t: float
+    ranks: tuple[int, ...]
+
+
+def mark_started(path: str | Path, cell: int, ranks: list[int]) -> None:
+    """Append a cell start (its slot's first rank calls this as the cell begins)."""
+    append_line(path, json.dumps({"cell": cell, "event": "start", "t": time.time(), "ranks": ranks}))
+
+
+def parse_progress(line: str) -> ProgressEvent | None:
+    """A progress line as an event (None for any other event kind)."""
+    data = json.loads(line)
+    if data.get("event") != "start":
+        return None
+    return ProgressEvent(cell=int(data["cell"]), t=float(data["t"]), ranks=tuple(data.get("ranks", ())))
+
+
+# --------------------------------------------------------------------------- phases
+
+#: a rank between cells
+IDLE = "idle"
+#: a cell's phases before training, in order
+SETUP_PHASES = ("import patches", "install patches", "init group", "build model")
+#: the phase of the judge's reference run
+REFERENCE = "reference"
+
+
+def step_phase(step: int, what: str, micro_batch: int | None = None) -> str:
+    """``step 0 micro-batch 1 backward``, ``step 2 clip``, ``step 2 gather snapshots``."""
+    return f"step {step} micro-batch {micro_batch} {what}" if micro_batch is not None else f"step {step} {what}"
+
+
+def write_phase(path: Path, phase: str) -> None:
+    path.write_text(json.dumps({"phase": phase, "t": time.time()}))
+
+
+def read_phase(path: Path) -> str | None:
+    """The phase a rank last stamped, or None."""
+    try:
+        return json.loads(path.read_text())["phase"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def phase_key(phase: str | None) -> tuple[Any, ...]:
+    """Sort key of a phase: a rank with a smaller key is behind (did not arrive)."""
+    if not phase or phase == IDLE:
+        return (-1,)
+    if phase in SETUP_PHASES:
+        return (SETUP_PHASES.index(phase),)
+    if phase == REFERENCE:
+        return (9,)
+    words = phase.split()
+    if words[0] == "step" and len(words) >= 3 and words[1].isdigit():
+        step = int(words[1])
+        if words[2] == "micro-batch" and len(words) >= 4 and words[3].isdigit():
+            return (5, step, int(words[3]), 1 if words[-1] == "backward" else 0)
+        return (5, step, 10**6, tuple(words[2:]))
+    return (8, phase)
+
+
+# --------------------------------------------------------------------------- store keys
+
+
+@dataclass(kw_only=True, frozen=True)
+class CellKeys:
+    """The store keys of one cell of one launch."""
+
+    launch_id: str
+    index: int
+
+    @property
+    def prefix(self) -> str:
+        return f"{self.launch_id}/{self.index}"
+
+    def status(self, rank: int) -> str:
+        """Rank ``rank`` (of the cell's slot) posts its ``RankOutcome`` here."""
+        return f"{self.prefix}/status/{rank}"
+
+    @property
+    def recorded(self) -> str:
+        """Set by the judge once the cell's record is on disk."""
+        return f"{self.prefix}/recorded"
+
+    @property
+    def abandoned(self) -> str:
+        """Set by the judge when a rank never reported: the launch must end."""
+        return f"{self.prefix}/abandoned"
+
+    @property
+    def group(self) -> str:
+        """The prefix of the cell's own process group (a ``PrefixStore``)."""
+        return f"{self.prefix}/pg"
+
+
+def stage_done(launch_id: str, stage: int, rank: int) -> str:
+    """Set by each global rank when it has run its slot's cells of ``stage``."""
+    return f"{launch_id}/stage{stage}/{rank}"
