@@ -6,8 +6,13 @@ Every other module imports these names from here; nothing else defines them.
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 __all__ = [
     "DEVICES",
+    "Device",
+    "Status",
+    "Variant",
     "BACKPORT",
     "DEPLOYED_BROKEN",
     "EXPECTED_FAILURE",
@@ -40,14 +45,17 @@ __all__ = [
 ]
 
 #: Every status a cell can end with.
-STATUSES: tuple[str, ...] = ("pass", "mismatch", "error", "hang", "crash", "skip")
+Status = Literal["pass", "mismatch", "error", "hang", "crash", "skip"]
+STATUSES: tuple[str, ...] = get_args(Status)
 #: The statuses that mean the cell went wrong.
 FAILING: frozenset[str] = frozenset({"mismatch", "error", "hang", "crash"})
 #: How a cell treats the patches module: stock torch; the scenario's own patches; every
 #: patch of the module, as users ship it; stock torch with the public API that replaces
 #: the scenario's patch turned on.
-VARIANTS: tuple[str, ...] = ("vanilla", "patched", "deployed", "api")
-DEVICES: tuple[str, ...] = ("cpu", "cuda")
+Variant = Literal["vanilla", "patched", "deployed", "api"]
+VARIANTS: tuple[str, ...] = get_args(Variant)
+Device = Literal["cpu", "cuda"]
+DEVICES: tuple[str, ...] = get_args(Device)
 #: What a patch's install function may report.
 INSTALL_STATUSES: tuple[str, ...] = ("installed", "already-installed", "not-applicable", "not-provided", "error")
 

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from harness.spec import UNUSED_PARAMS_API, Expect, Scenario, mean_square
+from scenarios._models import randn_batch
 
 
 class CondNet(nn.Module):
@@ -28,7 +29,7 @@ def forward(model, batch, ctx):
 
 SCENARIO = Scenario(
     model=CondNet,
-    batch=lambda ctx: torch.randn(5, 7),
+    batch=randn_batch(),
     forward=forward,
     world_sizes=(2, 4),
     patches=("unused_param_reduction",),

@@ -8,12 +8,13 @@ Before 2.13 the API is missing: vanilla is skipped and the patch set backports i
 """
 
 from harness.spec import Expect, Scenario, accumulate, mean_square
-from scenarios._mixed import UsedUnused, batch, sharding
+from scenarios._mixed import sharding
+from scenarios._models import Gated, randn_batch
 
 SCENARIO = Scenario(
-    model=UsedUnused,
-    batch=batch,
-    forward=lambda model, x, ctx: mean_square(model(x, use_unused=False)),
+    model=lambda: Gated("unused"),
+    batch=randn_batch(),
+    forward=lambda model, x, ctx: mean_square(model(x)),
     sharding=sharding(api=True),
     schedule=accumulate(2),
     patches=("unused_param_reduction", "uniform_reduce_dtype", "restore_unused_param_grads"),

@@ -5,16 +5,17 @@ Its fresh bf16 grad meets ``used``'s fp32 accumulated grad in one reduce-scatter
 """
 
 from harness.spec import Expect, Scenario, accumulate, mean_square
-from scenarios._mixed import UsedUnused, batch, sharding
+from scenarios._mixed import sharding
+from scenarios._models import Gated, randn_batch
 
 
 def forward(model, x, ctx):
-    return mean_square(model(x, use_unused=ctx.micro_batch == 1))
+    return mean_square(model(x, use=("unused",) if ctx.micro_batch == 1 else ()))
 
 
 SCENARIO = Scenario(
-    model=UsedUnused,
-    batch=batch,
+    model=lambda: Gated("unused"),
+    batch=randn_batch(),
     forward=forward,
     sharding=sharding(api=False),
     schedule=accumulate(2),

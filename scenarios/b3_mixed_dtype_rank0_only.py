@@ -5,16 +5,17 @@ reduce-scatter (gloo: connection closed by peer; NCCL: hang).
 """
 
 from harness.spec import Expect, Scenario, accumulate, mean_square
-from scenarios._mixed import UsedUnused, batch, sharding
+from scenarios._mixed import sharding
+from scenarios._models import Gated, randn_batch
 
 
 def forward(model, x, ctx):
-    return mean_square(model(x, use_unused=ctx.rank == 0))
+    return mean_square(model(x, use=("unused",) if ctx.rank == 0 else ()))
 
 
 SCENARIO = Scenario(
-    model=UsedUnused,
-    batch=batch,
+    model=lambda: Gated("unused"),
+    batch=randn_batch(),
     forward=forward,
     sharding=sharding(api=True),
     schedule=accumulate(2),

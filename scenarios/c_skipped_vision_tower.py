@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from harness.spec import Expect, Scenario, Sharding, accumulate
+from scenarios._models import randn_batch
 
 
 class VisionText(nn.Module):
@@ -23,7 +24,7 @@ class VisionText(nn.Module):
 
 SCENARIO = Scenario(
     model=VisionText,
-    batch=lambda ctx: torch.randn(5, 7),
+    batch=randn_batch(),
     sharding=Sharding(units=("vision",), param_dtype=torch.bfloat16, reduce_dtype=torch.float32),
     schedule=accumulate(2),
     patches=("accumulated_grad_guard",),

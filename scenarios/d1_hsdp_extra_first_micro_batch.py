@@ -9,6 +9,7 @@ from torch import nn
 
 from harness.spec import UNUSED_PARAMS_API, Expect, Scenario, mean_square
 from scenarios._hsdp_usage import DEFERRED, GLOO_NO_AVG, HSDP
+from scenarios._models import randn_batch
 
 
 class WithExtra(nn.Module):
@@ -25,7 +26,7 @@ class WithExtra(nn.Module):
 
 SCENARIO = Scenario(
     model=WithExtra,
-    batch=lambda ctx: torch.randn(5, 7),
+    batch=randn_batch(),
     forward=lambda model, x, ctx: mean_square(model(x, use_extra=ctx.micro_batch == 0)),
     sharding=HSDP,
     schedule=DEFERRED,

@@ -10,6 +10,7 @@ from torch import nn
 
 from harness.spec import UNUSED_PARAMS_API, Expect, Scenario, mean_square
 from scenarios._hsdp_usage import DEFERRED, GLOO_NO_AVG, HSDP
+from scenarios._models import randn_batch
 
 
 class Swapped(nn.Module):
@@ -27,7 +28,7 @@ class Swapped(nn.Module):
 
 SCENARIO = Scenario(
     model=Swapped,
-    batch=lambda ctx: torch.randn(5, 7),
+    batch=randn_batch(),
     forward=lambda model, x, ctx: mean_square(model(x, ctx.micro_batch)),
     sharding=HSDP,
     schedule=DEFERRED,

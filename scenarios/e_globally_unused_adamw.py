@@ -6,12 +6,12 @@ unchanged, no optimizer state (the reference's plain autograd semantics).
 """
 
 from harness.spec import Expect, Scenario, Sharding, accumulate, mean_square
-from scenarios._mixed import UsedUnused, batch
+from scenarios._models import Gated, randn_batch
 
 SCENARIO = Scenario(
-    model=UsedUnused,
-    batch=batch,
-    forward=lambda model, x, ctx: mean_square(model(x, use_unused=False)),
+    model=lambda: Gated("unused"),
+    batch=randn_batch(),
+    forward=lambda model, x, ctx: mean_square(model(x)),
     sharding=Sharding(reduce_scatter_unused_params=True),
     schedule=accumulate(2),
     patches=("unused_param_reduction", "restore_unused_param_grads"),

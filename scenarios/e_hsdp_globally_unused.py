@@ -6,29 +6,14 @@ and no optimizer state, and ``rare`` (rank 0 only) with the mean over ranks on e
 rank. Deciding over the shard group alone drops ``rare`` on the other replicas.
 """
 
-import torch
-from torch import nn
-
 from harness.spec import Expect, Scenario, Sharding, mean_square
 from scenarios._hsdp_usage import DEFERRED, GLOO_NO_AVG
-
-
-class ThreeWay(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.used = nn.Linear(7, 7)
-        self.rare = nn.Linear(7, 7)
-        self.unused = nn.Linear(7, 7)
-
-    def forward(self, x: torch.Tensor, use_rare: bool) -> torch.Tensor:
-        y = self.used(x)
-        return self.rare(y) if use_rare else y
-
+from scenarios._models import Gated, randn_batch
 
 SCENARIO = Scenario(
-    model=ThreeWay,
-    batch=lambda ctx: torch.randn(5, 7),
-    forward=lambda model, x, ctx: mean_square(model(x, use_rare=ctx.rank == 0)),
+    model=lambda: Gated("rare", "unused"),
+    batch=randn_batch(),
+    forward=lambda model, x, ctx: mean_square(model(x, use=("rare",) if ctx.rank == 0 else ())),
     sharding=Sharding(replicate=2, reduce_scatter_unused_params=True),
     schedule=DEFERRED,
     world_sizes=(2, 4),

@@ -4,7 +4,7 @@ Vanilla passes here; kept beside the NCCL-only case so a report shows that a mix
 is a workaround, not a fix. CUDA only.
 """
 
-from harness.spec import Clip, Scenario, Sharding
+from harness.spec import Clip, Groups, Scenario, Sharding
 from scenarios._models import MLP, randn_batch
 
 SCENARIO = Scenario(
@@ -12,7 +12,7 @@ SCENARIO = Scenario(
     batch=randn_batch(),
     sharding=Sharding(units=("layers.0",), offload=True),
     clip=Clip(max_norm=0.05),
-    backend={"cuda": "cpu:gloo,cuda:nccl"},
+    groups=Groups(backend={"cuda": "cpu:gloo,cuda:nccl"}),
     devices=("cuda",),
     patches=("clip_grad_norm",),
 )

@@ -3,11 +3,11 @@
 With ``CPUOffloadPolicy`` the sharded grads' local tensors live on the host while their
 mesh's group is NCCL-only: torch's ``clip_grad_norm_`` all-reduces a CPU scalar over it,
 "No backend type associated with device type cpu". On CPU the NCCL-only group is
-simulated by a ``cuda:gloo`` group (``Scenario.norm_group_backend``). Fixed by computing
+simulated by a ``cuda:gloo`` group (``Groups.norm_backend``). Fixed by computing
 the norm where the grads live and reducing the scalar on a device the group serves.
 """
 
-from harness.spec import Clip, Expect, Scenario, Sharding
+from harness.spec import Clip, Expect, Groups, Scenario, Sharding
 from scenarios._models import MLP, randn_batch
 
 SCENARIO = Scenario(
@@ -15,8 +15,7 @@ SCENARIO = Scenario(
     batch=randn_batch(),
     sharding=Sharding(units=("layers.0",), offload=True),
     clip=Clip(max_norm=0.05),
-    norm_group_backend={"cpu": "cuda:gloo"},
-    backend={"cuda": "nccl"},
+    groups=Groups(norm_backend={"cpu": "cuda:gloo"}, backend={"cuda": "nccl"}),
     patches=("clip_grad_norm",),
     timeout_s=20,
     expect=(

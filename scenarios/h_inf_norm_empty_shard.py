@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from harness.spec import Clip, Expect, Scenario
+from scenarios._models import randn_batch
 
 
 class NarrowHead(nn.Module):
@@ -22,7 +23,7 @@ class NarrowHead(nn.Module):
 
 SCENARIO = Scenario(
     model=NarrowHead,
-    batch=lambda ctx: torch.randn(5, 7),
+    batch=randn_batch(),
     clip=Clip(max_norm=0.05, norm_type=float("inf")),
     world_sizes=(2, 4),
     patches=("clip_grad_norm",),

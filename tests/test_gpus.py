@@ -47,7 +47,7 @@ def test_backend_per_device_from_scenarios():
     assert s["plain"].backend_for("cpu") == "gloo" and s["plain"].backend_for("cuda") == "nccl"
     assert s["f_offload_clip_nccl_only"].backend_for("cuda") == "nccl"
     assert s["f_offload_clip_mixed_backend"].backend_for("cuda") == "cpu:gloo,cuda:nccl"
-    assert s["f_offload_clip_nccl_only"].norm_group_backend == {"cpu": "cuda:gloo"}
+    assert s["f_offload_clip_nccl_only"].groups.norm_backend == {"cpu": "cuda:gloo"}
 
 
 def test_gpu_smoke_cells_exist_at_world_size_1_on_cuda():

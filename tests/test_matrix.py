@@ -88,3 +88,16 @@ def test_a_bad_matrix_stops_nox_with_one_line_and_exit_2(tmp_path):
     assert out.returncode == 2
     lines = (out.stdout + out.stderr).strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: matrix.yaml: key 'timeout_s' given twice (lines ")
+
+
+def test_torch_free_catalog_names_exactly_the_loaded_scenarios(tmp_path):
+    """matrix.yaml's scenario list is checked against the catalog: it must name what loading finds,
+    and a ``name=`` given to another call (``PublicApi(name=...)``) names no scenario."""
+    from harness.scenario.load import load_scenarios
+    from harness.scenario.scan import read_catalog
+
+    assert read_catalog().names == set(load_scenarios().scenarios)
+    (tmp_path / "x_api.py").write_text(
+        'API = PublicApi(name="FSDPModule.set_x", since="2.8")\nSCENARIO = Scenario(model=M, batch=b, api=API)\n')
+    (tmp_path / "y_named.py").write_text('SCENARIO = Scenario(name="y_other", model=M, batch=b)\n')
+    assert read_catalog(tmp_path).names == {"x_api", "y_other"}

@@ -5,7 +5,7 @@ import textwrap
 import torch
 from torch import nn
 
-from harness.spec import Ctx, Optim, Scenario, accumulate
+from harness.spec import MODEL_SEED, Ctx, Optim, Scenario, accumulate
 from harness.train.reference import run_reference
 from tests.support import ROOT
 
@@ -160,7 +160,7 @@ def test_per_use_upcast_from_2_15_is_modelled_for_the_first_no_sync_micro_batch(
     with_quirk = run_reference(s, 1, quirks=[PER_USE_UPCAST])[0].grads["emb.weight"]
     without = run_reference(s, 1)[0].grads["emb.weight"]
 
-    torch.manual_seed(s.seed)
+    torch.manual_seed(MODEL_SEED)
     base = _Tied().to(torch.bfloat16)
 
     def uses(x):  # each use's gradient, in bf16

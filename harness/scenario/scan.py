@@ -3,7 +3,7 @@
 
 Names: a file that assigns ``SCENARIO`` is named after itself unless it passes
 ``name="..."``; every ``name="..."`` given to ``Scenario(...)`` or ``.replace(...)``
-names one too. World sizes: the literal ``world_sizes=(...)`` tuples, plus the
+names one too (a ``name=`` given to any other call, e.g. ``PublicApi(name=...)``, does not). World sizes: the literal ``world_sizes=(...)`` tuples, plus the
 default of ``harness.spec.Scenario``.
 """
 
@@ -25,6 +25,13 @@ class Catalog:
     world_sizes: frozenset[int]
 
 
+def _names_a_scenario(call: ast.Call) -> bool:
+    """``Scenario(...)`` or ``<anything>.replace(...)``: the calls whose ``name=`` names a scenario."""
+    func = call.func
+    return (isinstance(func, ast.Name) and func.id == "Scenario") or (
+        isinstance(func, ast.Attribute) and func.attr in ("Scenario", "replace"))
+
+
 def read_catalog(folder: Path = SCENARIOS_DIR) -> Catalog:
     names: set[str] = set()
     sizes: set[int] = set(DEFAULT_WORLD_SIZES)
@@ -40,7 +47,8 @@ def read_catalog(folder: Path = SCENARIOS_DIR) -> Catalog:
             if not isinstance(node, ast.Call):
                 continue
             for kw in node.keywords:
-                if kw.arg == "name" and isinstance(kw.value, ast.Constant) and isinstance(kw.value.value, str):
+                if kw.arg == "name" and _names_a_scenario(node) and isinstance(kw.value, ast.Constant) \
+                        and isinstance(kw.value.value, str):
                     names.add(kw.value.value)
                     explicit = True
                 elif kw.arg == "world_sizes" and isinstance(kw.value, (ast.Tuple, ast.List)):

@@ -4,7 +4,7 @@ FSDP), mixed precision, offload, and the public unused-parameter opt-in."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -35,8 +35,13 @@ class Sharding:
     param_dtype: torch.dtype | None = None
     reduce_dtype: torch.dtype | None = None
     offload: bool = False
-    reshard_after_forward: bool = True
     reduce_scatter_unused_params: bool = False
+    #: ``MixedPrecisionPolicy`` fields given to ``fully_shard`` as they are, over the two
+    #: above (e.g. the 2.15 ``param_dtype_override_fn``, ``cast_forward_inputs``). The reference
+    #: emulates only ``param_dtype``/``reduce_dtype`` above, so these must leave every
+    #: parameter computing in the dtype the model computes it in itself (bug K's ``api``
+    #: variant: storage upcast to fp32, each parameter all-gathered in its model dtype).
+    mp_fields: dict[str, object] = field(default_factory=dict)
 
     def mesh_shape(self, world_size: int) -> tuple[int, ...]:
         split = self.tp if self.tp > 1 else self.replicate

@@ -22,13 +22,15 @@ from torch import nn
 
 from harness.scenario.apis import UNUSED_PARAMS_API, PublicApi
 from harness.scenario.sharding import Sharding
-from harness.vocabulary import DEVICES, VARIANTS, parse_statuses
+from harness.vocabulary import DEVICES, VARIANTS, Device, Status, Variant, parse_statuses
 
 __all__ = [
     "Clip",
     "Ctx",
     "Expect",
+    "Groups",
     "MicroBatch",
+    "MODEL_SEED",
     "Optim",
     "PublicApi",
     "Scenario",
@@ -99,7 +101,20 @@ class Clip:
 
     max_norm: float = 0.05
     norm_type: float = 2.0
-    foreach: bool | None = None
+
+
+@dataclass(kw_only=True, frozen=True)
+class Groups:
+    """Process-group plumbing, per device, where a scenario needs more than the default
+    (gloo on CPU, NCCL on CUDA).
+
+    ``backend`` is the cell's group backend (``{"cuda": "cpu:gloo,cuda:nccl"}``);
+    ``norm_backend`` re-homes the sharded grads onto a group with only this backend before
+    norm/clip (``{"cpu": "cuda:gloo"}`` simulates an NCCL-only group on CPU).
+    """
+
+    backend: dict[str, str] = field(default_factory=dict)
+    norm_backend: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -112,11 +127,11 @@ class Expect:
     that patch alone); ``upstream`` names the upstream issue of a failure no patch fixes.
     """
 
-    status: tuple[str, ...] | str
+    status: tuple[Status, ...] | str
     torch: str = ""
-    variants: tuple[str, ...] = ("vanilla",)
+    variants: tuple[Variant, ...] = ("vanilla",)
     match: str | None = None
-    devices: tuple[str, ...] = DEVICES
+    devices: tuple[Device, ...] = DEVICES
     world_sizes: tuple[int, ...] | None = None
     why: str = ""
     fixed_by: str | None = None
@@ -142,6 +157,9 @@ class Expect:
             and torch_release(torch_version) in SpecifierSet(self.torch)
         )
 
+
+#: The seed torch's RNG gets before ``Scenario.model()`` (FSDP2 side and reference alike).
+MODEL_SEED = 0
 
 #: What a cell is expected to do when no ``Expect`` matches it.
 PASS = Expect(status="pass", variants=VARIANTS)
@@ -180,9 +198,9 @@ def default_forward(model: nn.Module, batch: torch.Tensor, ctx: Ctx) -> torch.Te
 class Scenario:
     """One FSDP2 training recipe, run by FSDP2 and by the single-process reference.
 
-    ``model()`` and ``batch(ctx)`` are called after the harness seeds torch's RNG (from
-    ``seed``, and for batches also from rank, step and micro-batch), so they may simply
-    call ``torch.randn``. ``forward(model, batch, ctx)`` returns the loss and may depend
+    ``model()`` and ``batch(ctx)`` are called after the harness seeds torch's RNG (with
+    ``MODEL_SEED``, and for batches from the scenario's name, rank, step and micro-batch),
+    so they may simply call ``torch.randn``. ``forward(model, batch, ctx)`` returns the loss and may depend
     on rank and micro-batch ("rank 1 skips a layer").
     """
 
@@ -205,18 +223,14 @@ class Scenario:
     #: whether the reference models known backend quirks (``harness.train.reference``); a scenario
     #: that reports a quirk as the upstream bug it is sets this False
     reference_quirks: bool = True
-    #: Re-home sharded grads onto a group with only this backend before norm/clip, per
-    #: device (``{"cpu": "cuda:gloo"}`` simulates an NCCL-only group on CPU).
-    norm_group_backend: dict[str, str] = field(default_factory=dict)
-    #: Process-group backend per device when it is not the default.
-    backend: dict[str, str] = field(default_factory=dict)
+    groups: Groups = field(default_factory=Groups)
     world_sizes: tuple[int, ...] = (1, 2, 4)
-    devices: tuple[str, ...] = DEVICES
+    devices: tuple[Device, ...] = DEVICES
     #: patch names the patched variant installs (see README "The patches module under test")
     patches: tuple[str, ...] = ()
     #: devices on which the bug can show at all; elsewhere the cell checks numbers only
     #: and a pass is "ok", not "fixed upstream"
-    bug_devices: tuple[str, ...] = DEVICES
+    bug_devices: tuple[Device, ...] = DEVICES
     expect: tuple[Expect, ...] = ()
     #: per-cell timeout; ``None`` takes the run's (``--timeout``, matrix.yaml ``timeout_s``, else 30 s)
     timeout_s: float | None = None
@@ -224,7 +238,6 @@ class Scenario:
     #: each worker imports them once before its first cell (forked cells inherit them), and
     #: the cells are skipped, with the reason, where their package is missing
     requires: tuple[str, ...] = ()
-    seed: int = 0
 
     def __post_init__(self) -> None:
         where = f"scenario {self.name or '(unnamed)'}"
@@ -245,7 +258,7 @@ class Scenario:
 
     # -- derived facts -------------------------------------------------------------
     def backend_for(self, device: str) -> str:
-        return self.backend.get(device, "gloo" if device == "cpu" else "nccl")
+        return self.groups.backend.get(device, "gloo" if device == "cpu" else "nccl")
 
     def expected(self, *, variant: str, torch_version: str, device: str, world_size: int) -> Expect:
         """The first matching expectation; otherwise the cell should pass."""
@@ -255,13 +268,19 @@ class Scenario:
         return PASS
 
     def batch_seed(self, ctx: Ctx) -> int:
-        key = f"{self.name}/{self.seed}/{ctx.rank}/{ctx.step}/{ctx.micro_batch}".encode()
+        key = f"{self.name}/{MODEL_SEED}/{ctx.rank}/{ctx.step}/{ctx.micro_batch}".encode()
         return zlib.crc32(key)
 
     def with_api(self) -> Scenario:
-        """The recipe with its public API turned on (the ``api`` variant)."""
-        assert self.api is not None, self.name
-        return self.replace(sharding=dataclasses.replace(self.sharding, **self.api.sharding))
+        """The recipe with its public API turned on (the ``api`` variant): the API's
+        ``sharding`` fields set here; its ``configure`` is the FSDP side's to call
+        (``harness.train.fsdp``), since the reference has no FSDP modules."""
+        if self.api is None:
+            raise ValueError(f"scenario {self.name or '(unnamed)'} declares no public API (api=PublicApi(...))")
+        changes: dict[str, object] = {"sharding": dataclasses.replace(self.sharding, **self.api.sharding)}
+        if self.api.reference_quirks is not None:
+            changes["reference_quirks"] = self.api.reference_quirks
+        return self.replace(**changes)
 
     def replace(self, **changes: object) -> Scenario:
         """A copy with some fields changed (for variants of one recipe)."""

@@ -14,13 +14,15 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.distributed.fsdp as fsdp_public
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
 from torch.distributed.tensor import DTensor
 
 from harness.plan.cells import Cell
-from harness.scenario.spec import Clip, Ctx, MicroBatch, Scenario, move_batch
+from harness.scenario.apis import PublicApi
+from harness.scenario.spec import MODEL_SEED, Clip, Ctx, MicroBatch, Scenario, move_batch
 from harness.train import recipe
 from harness.train.gather import Deferred, gather_full, plain_placements
 from harness.train.norm_group import rehome
@@ -39,7 +41,8 @@ def train(scenario: Scenario, cell: Cell, utilities: dict[str, Any], rank: int, 
     stamp("build model")
     mesh = init_device_mesh(cell.device, tuple(cell.mesh), mesh_dim_names=scenario.sharding.mesh_dim_names(world))
     _all_connected(device)
-    model = build_model(scenario, mesh, cell.device)
+    api = scenario.api if cell.variant == "api" else None
+    model = build_model(scenario, mesh, cell.device, api=api)
     side = FsdpSide(scenario, cell, model, mesh, device, utilities, rank=rank, world=world, stamp=stamp)
     return recipe.train(scenario, side, side.named)
 
@@ -57,29 +60,40 @@ def _all_connected(device: torch.device) -> None:
         dist.barrier()
 
 
-def build_model(scenario: Scenario, mesh: DeviceMesh, device_type: str) -> nn.Module:
-    """The scenario's model (seeded like the reference), sharded as it declares."""
-    torch.manual_seed(scenario.seed)
+def build_model(scenario: Scenario, mesh: DeviceMesh, device_type: str, api: PublicApi | None = None) -> nn.Module:
+    """The scenario's model (seeded like the reference), sharded as it declares; with the
+    ``api`` variant's ``configure`` called on every FSDP module, children first.
+
+    ``fully_shard`` is looked up on ``torch.distributed.fsdp`` at call time, as training
+    code that calls it through the module does, so a patch that changes how a model is
+    sharded (``shard_by_dtype``: a unit per parameter dtype) takes effect."""
+    torch.manual_seed(MODEL_SEED)
     model = scenario.model()
     s = scenario.sharding
+    dp_world = s.data_parallel(mesh.size())
     if s.prepare is not None:
         s.prepare(model)
     if s.tp > 1:
         assert s.tp_plan is not None, f"{scenario.name}: Sharding.tp needs a tp_plan"
         s.tp_plan(model, mesh["tp"])
         mesh = mesh["dp"]
-    kwargs: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": s.reshard_after_forward}
-    if s.param_dtype is not None or s.reduce_dtype is not None:
-        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=s.param_dtype, reduce_dtype=s.reduce_dtype)
+    kwargs: dict[str, Any] = {"mesh": mesh}
+    if s.param_dtype is not None or s.reduce_dtype is not None or s.mp_fields:
+        fields = {"param_dtype": s.param_dtype, "reduce_dtype": s.reduce_dtype, **s.mp_fields}
+        kwargs["mp_policy"] = MixedPrecisionPolicy(**fields)  # type: ignore[arg-type]
     # pinned host memory needs an accelerator; on CPU the grads stay unpinned
     kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=device_type != "cpu") if s.offload else OffloadPolicy()
     for fqn in s.units:
-        fully_shard(model.get_submodule(fqn), **kwargs)
-    fully_shard(model, **kwargs)
+        fsdp_public.fully_shard(model.get_submodule(fqn), **kwargs)
+    fsdp_public.fully_shard(model, **kwargs)
     if s.reduce_scatter_unused_params:
         for module in model.modules():  # the setter does not reach child FSDP modules
             if hasattr(module, "set_reduce_scatter_unused_params"):
                 module.set_reduce_scatter_unused_params(True)
+    if api is not None and api.configure is not None:
+        fsdp_modules = [m for m in model.modules() if isinstance(m, fsdp_public.FSDPModule)]
+        for module in reversed(fsdp_modules):  # children first, the root last
+            api.configure(module, dp_world)
     return model
 
 
@@ -112,7 +126,10 @@ class FsdpSide:
         loss.backward()
 
     def scale(self, factor: float) -> None:
-        """A 0-dim scaler on the compute device, as training loops write it."""
+        """A 0-dim scaler on the compute device, as training loops write it; nothing where
+        the ``api`` variant's divide factor already scaled the grads in the reduction."""
+        if self.cell.variant == "api" and self.scenario.api is not None and self.scenario.api.scales_grads:
+            return
         scaler = torch.tensor(factor, device=self.device)
         params = list(self.named.values())
         util = self.utilities.get("scale_grads")
@@ -130,11 +147,11 @@ class FsdpSide:
     def clip(self, clip: Clip) -> float:
         self.stamp(f"step {self.step} clip")
         params = [p for p in self.named.values() if p.grad is not None]
-        backend = self.scenario.norm_group_backend.get(self.cell.device)
+        backend = self.scenario.groups.norm_backend.get(self.cell.device)
         restore = rehome(params, backend) if backend else None
         try:
             fn = self.utilities.get("clip_grad_norm") or torch.nn.utils.clip_grad_norm_
-            total = fn(params, clip.max_norm, clip.norm_type, foreach=clip.foreach)
+            total = fn(params, clip.max_norm, clip.norm_type)
         finally:
             if restore is not None:
                 restore()

@@ -35,7 +35,7 @@ def rehome(params: list[nn.Parameter], backend: str) -> Callable[[], None]:
         if not isinstance(g, DTensor):
             continue
         if g.device_mesh.ndim != 1:
-            raise ValueError("norm_group_backend supports 1-D meshes only")
+            raise ValueError("Groups.norm_backend supports 1-D meshes only")
         spec = DTensorSpec(mesh, tuple(g.placements), tensor_meta=TensorMeta(g.shape, g.stride(), g.dtype))
         originals.append((p, g))
         p.grad = DTensor(g.to_local(), spec, requires_grad=False)

@@ -23,7 +23,7 @@ import copy
 import torch
 from torch import nn
 
-from harness.scenario.spec import Clip, Ctx, MicroBatch, Scenario, Sharding, move_batch, torch_release
+from harness.scenario.spec import MODEL_SEED, Clip, Ctx, MicroBatch, Scenario, Sharding, move_batch, torch_release
 from harness.train import recipe
 from harness.train.step import StepTensors
 
@@ -65,7 +65,7 @@ def _wider_reduce(sharding: Sharding) -> bool:
 
 def run_reference(scenario: Scenario, world_size: int, *, quirks: list[str] | None = None) -> list[StepTensors]:
     """Replay ``scenario`` at ``world_size`` ranks (its data-parallel ones) in this process."""
-    torch.manual_seed(scenario.seed)
+    torch.manual_seed(MODEL_SEED)
     model = scenario.model()
     named = dict(model.named_parameters())
     side = ReferenceSide(scenario, model, scenario.sharding.data_parallel(world_size), quirks or [])
@@ -127,9 +127,9 @@ class ReferenceSide:
             if compute_dtype is not None:
                 replica = _cast_params(copy.deepcopy(self.model), compute_dtype)
                 batch = move_batch(batch, float_dtype=compute_dtype)
+            loss = s.forward(replica, batch, ctx)
             trainable = [(n, p) for n, p in replica.named_parameters() if p.requires_grad]
             upcast = {n for n, _ in trainable if n not in self.window[rank]} if self.per_use_upcast and not sync else set()
-            loss = s.forward(replica, batch, ctx)
             grads = _grads(loss, trainable, upcast, reduce_dtype)
             self.window[rank] = set() if sync else self.window[rank] | {n for (n, _), g in zip(trainable, grads) if g is not None}
             for (name, _), g in zip(trainable, grads):

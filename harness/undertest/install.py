@@ -7,7 +7,7 @@ Any module works if it has functions of this kind:
   "not-applicable") and ``reason``; returning ``None`` means installed; raising means
   the install failed, recorded as ``patch install error: <first line>``.
 * ``<name>_`` or ``<name>``: a utility the recipe calls instead of torch's
-  (``clip_grad_norm`` -> ``clip_grad_norm_(params, max_norm, norm_type, foreach=...)``,
+  (``clip_grad_norm`` -> ``clip_grad_norm_(params, max_norm, norm_type)``,
   ``scale_grads`` -> ``scale_grads_(params, scaler)``).
 
 A mapping (``{"uniform_reduce_dtype": "my_widen_patch"}``) overrides the lookup. A name
