@@ -1,28 +1,42 @@
 """Process-global monkeypatches for PyTorch FSDP2 (``fully_shard``), torch 2.7 .. 2.15.
 
-Each ``patch_fsdp_*`` function takes no arguments, is idempotent (a second call finds
-its marked wrapper and returns "already-installed"), picks its implementation by
-feature detection first and torch version second, and returns "not-applicable" with a
-reason instead of raising where its target is gone or the bug is fixed natively.
+Each ``patch_fsdp_*`` function takes no arguments, wraps the *current* value of what
+it changes (a wrapper other code installed first keeps running inside ours), is
+idempotent (a second call finds its marked wrapper and returns "already-installed"),
+picks its implementation by feature detection first and torch version second, and
+returns "not-applicable" with a reason instead of raising where its target is gone or
+the bug is fixed natively.
 
 * ``patch_fsdp_unused_param_reduction`` (bug A): ranks that use different parameters.
 * ``patch_fsdp_uniform_reduce_dtype`` (bug B): mixed grad dtypes in one reduce-scatter.
 * ``patch_fsdp_accumulated_grad_guard`` (bug C): a unit that never ran forward.
 * ``patch_fsdp_restore_unused_param_grads`` (bug E): no rank used a parameter.
+* ``patch_fsdp_late_unfreeze_reduce_dtype`` (bug I): a unit frozen in its first forward,
+  unfrozen later, under mixed precision.
+* ``patch_fsdp_shard_by_dtype`` (bug K): parameters of several dtypes in one unit; it
+  wraps ``torch.distributed.fsdp.fully_shard`` with ``fully_shard_by_dtype``, also exported.
 
 ``apply_all`` installs the four in a working order (A before E). The gradient
 utilities ``clip_grad_norm_``, ``get_total_grad_norm`` and ``scale_grads_`` (bugs F, G,
 H) are re-exported from ``fsdp_patches.grads``.
+
+Undo: ``result.undo()`` on any ``PatchResult`` takes that patch out again, and
+``undo_all()`` takes out every patch installed. Where our wrapper is still the
+attribute's value, the value it wrapped is put back; where other code wrapped ours
+since, ours turns into a pass-through so their chain keeps working. Undo is idempotent
+and a later install works again.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from ._compat import PatchResult
+from ._wrapping import PatchResult, undo_all
 from .accumulated_grad import patch_fsdp_accumulated_grad_guard
+from .by_dtype import fully_shard_by_dtype, patch_fsdp_shard_by_dtype
 from .grads import clip_grad_norm_, get_total_grad_norm, scale_grads_
 from .reduce_dtype import patch_fsdp_uniform_reduce_dtype
+from .unfreeze import patch_fsdp_late_unfreeze_reduce_dtype
 from .unused_params import (
     patch_fsdp_restore_unused_param_grads,
     patch_fsdp_unused_param_reduction,
@@ -33,12 +47,16 @@ __all__ = [
     "PatchResult",
     "apply_all",
     "clip_grad_norm_",
+    "fully_shard_by_dtype",
     "get_total_grad_norm",
     "patch_fsdp_accumulated_grad_guard",
+    "patch_fsdp_late_unfreeze_reduce_dtype",
     "patch_fsdp_restore_unused_param_grads",
+    "patch_fsdp_shard_by_dtype",
     "patch_fsdp_uniform_reduce_dtype",
     "patch_fsdp_unused_param_reduction",
     "scale_grads_",
+    "undo_all",
 ]
 
 #: Short patch name -> install function, in the order ``apply_all`` uses.
@@ -47,11 +65,11 @@ PATCHES: dict[str, Callable[[], PatchResult]] = {
     "uniform_reduce_dtype": patch_fsdp_uniform_reduce_dtype,
     "accumulated_grad_guard": patch_fsdp_accumulated_grad_guard,
     "restore_unused_param_grads": patch_fsdp_restore_unused_param_grads,
+    "shard_by_dtype": patch_fsdp_shard_by_dtype,
+    "late_unfreeze_reduce_dtype": patch_fsdp_late_unfreeze_reduce_dtype,
 }
 
 
 def apply_all() -> dict[str, PatchResult]:
     """Install every patch (A, B, C, then E, which sits around A) and return the results."""
-    results = {name: install() for name, install in PATCHES.items()}
-    assert list(results) == list(PATCHES)
-    return results
+    return {name: install() for name, install in PATCHES.items()}

@@ -15,24 +15,23 @@ unsharded param has no unsharded grad, so there is nothing to convert.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
-from ._compat import (
+from ._compat import applicable, fsdp_param_class
+from ._wrapping import (
     PatchResult,
+    active_wrapper_in_chain,
     already_installed,
-    applicable,
-    fsdp_param_class,
     installed,
-    mark_wrapper,
+    make_wrapper,
     not_applicable,
-    wrapper_in_chain,
+    replace_attribute,
 )
 
 __all__ = [
+    "guard_missing_unsharded_param",
     "is_missing_unsharded_param_error",
-    "make_accumulated_grad_guard",
     "patch_fsdp_accumulated_grad_guard",
 ]
 
@@ -59,28 +58,22 @@ def is_missing_unsharded_param_error(fsdp_param: Any, error: BaseException) -> b
     return f"'{_ATTR}'" in str(error)
 
 
-def make_accumulated_grad_guard(method: Callable[..., Any]) -> Callable[..., Any]:
-    """Wrap ``FSDPParam.to_accumulated_grad_if_needed``-like ``method`` with the guard."""
-
-    @functools.wraps(method)
-    def to_accumulated_grad_if_needed(self: Any, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return method(self, *args, **kwargs)
-        except AttributeError as error:
-            if is_missing_unsharded_param_error(self, error):
-                return None
-            raise
-
-    mark_wrapper(to_accumulated_grad_if_needed, method, ACCUMULATED_GRAD_GUARD)
-    return to_accumulated_grad_if_needed
+def guard_missing_unsharded_param(method: Callable[..., Any], self: Any, *args: Any, **kwargs: Any) -> Any:
+    """The patch's behaviour around ``method`` (``to_accumulated_grad_if_needed``)."""
+    try:
+        return method(self, *args, **kwargs)
+    except AttributeError as error:
+        if is_missing_unsharded_param_error(self, error):
+            return None
+        raise
 
 
 def patch_fsdp_accumulated_grad_guard() -> PatchResult:
     """Guard ``FSDPParam.to_accumulated_grad_if_needed`` (bug C).
 
-    torch 2.7 .. 2.14: the method exists and reads ``_unsharded_param`` unguarded, so it
-    is wrapped. torch 2.15: the method is gone (grad dtypes were redesigned), so
-    nothing is installed and the result is not-applicable.
+    torch 2.7 .. 2.14: the method exists and reads ``_unsharded_param`` unguarded, so its
+    current value is wrapped. torch 2.15: the method is gone (grad dtypes were
+    redesigned), so nothing is installed and the result is not-applicable.
     """
     reason = applicable()
     if reason is not None:
@@ -89,7 +82,7 @@ def patch_fsdp_accumulated_grad_guard() -> PatchResult:
     current = getattr(param_cls, _METHOD, None)
     if param_cls is None or not callable(current):
         return not_applicable(ACCUMULATED_GRAD_GUARD, f"FSDPParam.{_METHOD} not found (removed in 2.15)")
-    if wrapper_in_chain(current, ACCUMULATED_GRAD_GUARD):
+    if active_wrapper_in_chain(current, ACCUMULATED_GRAD_GUARD):
         return already_installed(ACCUMULATED_GRAD_GUARD)
-    setattr(param_cls, _METHOD, make_accumulated_grad_guard(current))
-    return installed(ACCUMULATED_GRAD_GUARD, f"wrapped FSDPParam.{_METHOD}")
+    wrapper = make_wrapper(current, ACCUMULATED_GRAD_GUARD, guard_missing_unsharded_param)
+    return installed(ACCUMULATED_GRAD_GUARD, f"wrapped {replace_attribute(param_cls, _METHOD, wrapper)}")

@@ -16,23 +16,21 @@ E. With A fixed, a parameter that *no* rank used ends with a zero gradient inste
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from ._compat import (
+from ._compat import applicable, fsdp_module_class, fsdp_param_group_class
+from ._wrapping import (
     PatchResult,
+    active_wrapper_in_chain,
     already_installed,
-    applicable,
-    fsdp_module_class,
-    fsdp_param_group_class,
     installed,
-    mark_wrapper,
+    make_wrapper,
     not_applicable,
-    wrapper_in_chain,
+    replace_attribute,
 )
 
 __all__ = [
@@ -48,6 +46,8 @@ RESTORE_UNUSED_PARAM_GRADS = "restore_unused_param_grads"
 _ZERO_FILL_ATTR = "_fsdp_compat_zero_fill"
 #: On an ``FSDPParam``: True once it had a local grad in the current window.
 _USED_ATTR = "_fsdp_compat_used_in_window"
+#: On an ``FSDPParamGroup`` (2.13+): the per-group flag the public setter writes.
+_FLAG = "reduce_scatter_unused_params"
 
 
 # ============================================================================ bug A
@@ -65,7 +65,8 @@ def patch_fsdp_unused_param_reduction() -> PatchResult:
       any number of groups per state) passes through, it does not depend on the
       lazy-init internals that moved between releases, and it only changes the
       *default*: a later ``module.set_reduce_scatter_unused_params(False)`` still wins.
-      Groups constructed before the install are not touched, so install first.
+      Groups constructed before the install are not touched, so install first; an
+      undo likewise leaves the flag on in groups constructed while it was installed.
     * torch 2.7 .. 2.12 (no public setter): ``FSDPParamGroup.post_backward`` is wrapped
       to zero-fill, on a reducing backward, every parameter that requires grad but has
       neither a local grad nor an accumulated grad (see ``_zero_fill_unused_grads``).
@@ -74,8 +75,9 @@ def patch_fsdp_unused_param_reduction() -> PatchResult:
     if reason is not None:
         return not_applicable(UNUSED_PARAM_REDUCTION, reason)
     group_cls = fsdp_param_group_class()
+    if group_cls is None:
+        return not_applicable(UNUSED_PARAM_REDUCTION, "FSDPParamGroup not found")
     module_cls = fsdp_module_class()
-    assert group_cls is not None
     if module_cls is not None and hasattr(module_cls, "set_reduce_scatter_unused_params"):
         return _install_default_on(group_cls)
     if callable(getattr(group_cls, "post_backward", None)):
@@ -88,44 +90,47 @@ def _install_default_on(group_cls: type) -> PatchResult:
     current = group_cls.__dict__.get("__init__")
     if current is None:
         return not_applicable(UNUSED_PARAM_REDUCTION, "FSDPParamGroup.__init__ not found")
-    if wrapper_in_chain(current, UNUSED_PARAM_REDUCTION):
+    if active_wrapper_in_chain(current, UNUSED_PARAM_REDUCTION):
         return already_installed(UNUSED_PARAM_REDUCTION)
-
-    @functools.wraps(current)
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        current(self, *args, **kwargs)
-        assert hasattr(self, "reduce_scatter_unused_params"), "flag moved: re-check torch"
-        self.reduce_scatter_unused_params = True
-
-    mark_wrapper(__init__, current, UNUSED_PARAM_REDUCTION)
-    group_cls.__init__ = __init__  # type: ignore[misc]
+    replace_attribute(group_cls, "__init__", make_wrapper(current, UNUSED_PARAM_REDUCTION, _init_flag_on))
     return installed(
         UNUSED_PARAM_REDUCTION,
         "public set_reduce_scatter_unused_params exists: defaulted on in FSDPParamGroup.__init__",
     )
 
 
+def _init_flag_on(init: Callable[..., None], self: Any, *args: Any, **kwargs: Any) -> None:
+    """Around ``FSDPParamGroup.__init__``: construct, then default the public flag on."""
+    init(self, *args, **kwargs)
+    if not hasattr(self, _FLAG):
+        raise RuntimeError(
+            f"fsdp_patches {UNUSED_PARAM_REDUCTION}: FSDPParamGroup.__init__ no longer sets {_FLAG}; "
+            "this torch needs a new version of the patch (undo it, or set the flag per module "
+            "with set_reduce_scatter_unused_params)"
+        )
+    self.reduce_scatter_unused_params = True
+
+
 def _install_zero_fill(group_cls: type) -> PatchResult:
     """torch < 2.13: wrap ``FSDPParamGroup.post_backward`` with a zero fill."""
-    current = group_cls.__dict__.get("post_backward", group_cls.post_backward)
-    if wrapper_in_chain(current, UNUSED_PARAM_REDUCTION):
+    current = group_cls.post_backward  # type: ignore[attr-defined]
+    if active_wrapper_in_chain(current, UNUSED_PARAM_REDUCTION):
         return already_installed(UNUSED_PARAM_REDUCTION)
-
-    @functools.wraps(current)
-    def post_backward(self: Any, *args: Any, **kwargs: Any) -> Any:
-        filled = _zero_fill_unused_grads(self) if getattr(self, "reduce_grads", True) else []
-        try:
-            return current(self, *args, **kwargs)
-        finally:
-            for fsdp_param in filled:
-                vars(fsdp_param).pop(_ZERO_FILL_ATTR, None)
-
-    mark_wrapper(post_backward, current, UNUSED_PARAM_REDUCTION)
-    group_cls.post_backward = post_backward  # type: ignore[attr-defined]
+    replace_attribute(group_cls, "post_backward", make_wrapper(current, UNUSED_PARAM_REDUCTION, _zero_fill_around))
     return installed(
         UNUSED_PARAM_REDUCTION,
         "no public set_reduce_scatter_unused_params: zero-fill in FSDPParamGroup.post_backward",
     )
+
+
+def _zero_fill_around(post_backward: Callable[..., Any], self: Any, *args: Any, **kwargs: Any) -> Any:
+    """Around ``FSDPParamGroup.post_backward`` before 2.13: zero-fill, reduce, forget the fills."""
+    filled = _zero_fill_unused_grads(self) if getattr(self, "reduce_grads", True) else []
+    try:
+        return post_backward(self, *args, **kwargs)
+    finally:
+        for fsdp_param in filled:
+            vars(fsdp_param).pop(_ZERO_FILL_ATTR, None)
 
 
 def _zero_fill_unused_grads(group: Any) -> list[Any]:
@@ -188,37 +193,31 @@ def patch_fsdp_restore_unused_param_grads() -> PatchResult:
     if reason is not None:
         return not_applicable(RESTORE_UNUSED_PARAM_GRADS, reason)
     group_cls = fsdp_param_group_class()
-    assert group_cls is not None
     current = getattr(group_cls, "post_backward", None)
-    if not callable(current):
+    if group_cls is None or not callable(current):
         return not_applicable(RESTORE_UNUSED_PARAM_GRADS, "FSDPParamGroup.post_backward not found")
-    if wrapper_in_chain(current, RESTORE_UNUSED_PARAM_GRADS):
+    if active_wrapper_in_chain(current, RESTORE_UNUSED_PARAM_GRADS):
         return already_installed(RESTORE_UNUSED_PARAM_GRADS)
-    wrapper = _make_restore_wrapper(current)
-    group_cls.post_backward = wrapper  # type: ignore[attr-defined]
-    return installed(RESTORE_UNUSED_PARAM_GRADS, "wrapped FSDPParamGroup.post_backward")
+    wrapper = make_wrapper(current, RESTORE_UNUSED_PARAM_GRADS, _restore_around)
+    return installed(RESTORE_UNUSED_PARAM_GRADS, f"wrapped {replace_attribute(group_cls, 'post_backward', wrapper)}")
 
 
-def _make_restore_wrapper(current: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(current)
-    def post_backward(self: Any, *args: Any, **kwargs: Any) -> Any:
-        fsdp_params = list(self.fsdp_params)
-        for fsdp_param in fsdp_params:
-            if _has_local_grad(fsdp_param):
-                setattr(fsdp_param, _USED_ATTR, True)
-        if not _closes_window(self) or not _has_materialized_param(fsdp_params):
-            return current(self, *args, **kwargs)
-        local_used = [bool(vars(p).pop(_USED_ATTR, False)) for p in fsdp_params]
-        grad_was_none = [p.sharded_param.grad is None for p in fsdp_params]
-        used = _or_over_reduction_domain(self, local_used)
-        result = current(self, *args, **kwargs)
-        for fsdp_param, was_used, was_none in zip(fsdp_params, used, grad_was_none):
-            if not was_used and was_none and fsdp_param.sharded_param.grad is not None:
-                fsdp_param.sharded_param.grad = None
-        return result
-
-    mark_wrapper(post_backward, current, RESTORE_UNUSED_PARAM_GRADS)
-    return post_backward
+def _restore_around(post_backward: Callable[..., Any], self: Any, *args: Any, **kwargs: Any) -> Any:
+    """Around ``FSDPParamGroup.post_backward``: steps 1 .. 3 of bug E's patch."""
+    fsdp_params = list(self.fsdp_params)
+    for fsdp_param in fsdp_params:
+        if _has_local_grad(fsdp_param):
+            setattr(fsdp_param, _USED_ATTR, True)
+    if not _closes_window(self) or not _has_materialized_param(fsdp_params):
+        return post_backward(self, *args, **kwargs)
+    local_used = [bool(vars(p).pop(_USED_ATTR, False)) for p in fsdp_params]
+    grad_was_none = [p.sharded_param.grad is None for p in fsdp_params]
+    used = _or_over_reduction_domain(self, local_used)
+    result = post_backward(self, *args, **kwargs)
+    for fsdp_param, was_used, was_none in zip(fsdp_params, used, grad_was_none):
+        if not was_used and was_none and fsdp_param.sharded_param.grad is not None:
+            fsdp_param.sharded_param.grad = None
+    return result
 
 
 def _has_local_grad(fsdp_param: Any) -> bool:
@@ -271,7 +270,4 @@ def _or_over_reduction_domain(group: Any, flags: list[bool]) -> list[bool]:
     tensor = torch.tensor(flags, dtype=torch.int32, device=group.device)
     for pg in process_groups:
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=pg)
-    result = [bool(v) for v in tensor.tolist()]
-    assert len(result) == len(flags)
-    assert all(r or not f for r, f in zip(result, flags)), "OR lost a local use"
-    return result
+    return [bool(v) for v in tensor.tolist()]

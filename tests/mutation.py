@@ -43,13 +43,14 @@ A_SCENARIOS = ("a_rank_divergent", "d1_hsdp_extra_first_micro_batch", "d2_hsdp_s
 E_SCENARIOS = ("e_globally_unused_adamw", "e_hsdp_globally_unused", "e_param_used_in_one_step",
                "b1_mixed_dtype_unused_api")
 B_SCENARIOS = ("b1_mixed_dtype_unused_api", "b2_mixed_dtype_late_param", "b3_mixed_dtype_rank0_only")
+I_SCENARIOS = ("i1_unfreeze_after_first_forward_mp", "i2_unfreeze_bf16_master", "i3_unfreeze_bf16_master_accumulate")
 CLIP_SCENARIOS = ("f_offload_clip_nccl_only", "f_offload_clip_under_max_norm", "h_inf_norm_empty_shard", "hsdp_clip",
                   "plain")
 
 MUTANTS: tuple[Mutant, ...] = (
     Mutant(name="a_flag_not_set", file="unused_params.py",
-           old="        self.reduce_scatter_unused_params = True\n",
-           new="        self.reduce_scatter_unused_params = getattr(self, 'reduce_scatter_unused_params', False)\n",
+           old="    self.reduce_scatter_unused_params = True\n",
+           new="    self.reduce_scatter_unused_params = getattr(self, 'reduce_scatter_unused_params', False)\n",
            scenarios=A_SCENARIOS, why="2.13+: keeps torch's default instead of turning the flag on"),
     Mutant(name="a_fill_every_backward", file="unused_params.py",
            old='filled = _zero_fill_unused_grads(self) if getattr(self, "reduce_grads", True) else []',
@@ -69,20 +70,20 @@ MUTANTS: tuple[Mutant, ...] = (
            new="if not was_used and fsdp_param.sharded_param.grad is not None:",
            scenarios=E_SCENARIOS, why="also drops a grad that zero_grad(set_to_none=False) left"),
     Mutant(name="e_none_check_after_reduce", file="unused_params.py",
-           old="        grad_was_none = [p.sharded_param.grad is None for p in fsdp_params]\n"
-               "        used = _or_over_reduction_domain(self, local_used)\n"
-               "        result = current(self, *args, **kwargs)\n",
-           new="        used = _or_over_reduction_domain(self, local_used)\n"
-               "        result = current(self, *args, **kwargs)\n"
-               "        grad_was_none = [p.sharded_param.grad is None for p in fsdp_params]\n",
+           old="    grad_was_none = [p.sharded_param.grad is None for p in fsdp_params]\n"
+               "    used = _or_over_reduction_domain(self, local_used)\n"
+               "    result = post_backward(self, *args, **kwargs)\n",
+           new="    used = _or_over_reduction_domain(self, local_used)\n"
+               "    result = post_backward(self, *args, **kwargs)\n"
+               "    grad_was_none = [p.sharded_param.grad is None for p in fsdp_params]\n",
            scenarios=E_SCENARIOS, why="checks 'no grad before' after the reduction has assigned one"),
     Mutant(name="b_widen_to_narrowest", file="reduce_dtype.py",
            old="    return functools.reduce(torch.promote_types, unique)\n",
            new="    return min(unique, key=lambda d: torch.finfo(d).bits)\n",
            scenarios=B_SCENARIOS, why="widens the group to bf16 instead of fp32"),
     Mutant(name="b_one_alias_only", file="reduce_dtype.py",
-           old="    for module, attr in aliases:\n        if not wrapper_in_chain",
-           new="    for module, attr in aliases[:1]:\n        if not wrapper_in_chain",
+           old="    for module, attr in aliases:\n        current = getattr(module, attr)\n",
+           new="    for module, attr in aliases[:1]:\n        current = getattr(module, attr)\n",
            scenarios=B_SCENARIOS, why="wraps _fsdp_collectives.foreach_reduce but not the name post_backward calls"),
     Mutant(name="c_wrong_method", file="accumulated_grad.py",
            old='_METHOD = "to_accumulated_grad_if_needed"', new='_METHOD = "to_accumulated_grad"',
@@ -94,20 +95,61 @@ MUTANTS: tuple[Mutant, ...] = (
            old="clip_coef = torch.clamp(float(max_norm) / (total_norm + 1e-6), max=1.0)",
            new="clip_coef = float(max_norm) / (total_norm + 1e-6)",
            scenarios=CLIP_SCENARIOS, why="scales grads up when the norm is under max_norm"),
-    Mutant(name="clip_local_norm", file="grads.py",
+    Mutant(name="clip_local_norm", file="_grad_norm.py",
            old="        if placement.is_shard():\n            reduce_dims.append(mesh_dim)\n",
            new="        if placement.is_shard():\n            pass\n",
            scenarios=CLIP_SCENARIOS, why="uses this rank's shard norm as the total"),
-    Mutant(name="clip_counts_replicas", file="grads.py",
+    Mutant(name="clip_counts_replicas", file="_grad_norm.py",
            old="        if placement.is_shard():\n            reduce_dims.append(mesh_dim)\n",
            new="        if placement.is_shard() or placement.is_replicate():\n            reduce_dims.append(mesh_dim)\n",
            scenarios=CLIP_SCENARIOS, why="sums the norm over HSDP replicas too"),
-    Mutant(name="clip_keeps_empty_shards", file="grads.py",
+    Mutant(name="clip_keeps_empty_shards", file="_grad_norm.py",
            old="        t for t in tensors if t.numel() > 0\n", new="        t for t in tensors\n",
            scenarios=CLIP_SCENARIOS, why="computes the inf norm of an empty local shard"),
-    Mutant(name="clip_scalar_on_cpu", file="grads.py",
+    Mutant(name="clip_scalar_on_cpu", file="_grad_reduce.py",
            old='    if "cpu" in served:\n', new="    if True:\n",
            scenarios=CLIP_SCENARIOS, why="reduces the norm on the CPU whatever the group serves"),
+    Mutant(name="k_trainable_only_on_2_7", file="by_dtype.py",
+           old='    return "requires_grad" not in source\n', new="    return False\n",
+           scenarios=("k1_lora_frozen_base",), torch="2.7.1",
+           why="applies the 2.8 rule (trainable parameters only) to 2.7, which checks frozen ones too"),
+    Mutant(name="k_no_recursion", file="by_dtype.py",
+           old='            visit(child, f"{path}{name}.")\n', new="            continue\n",
+           scenarios=("k2_trainable_mixed_dtypes",),
+           why="looks at direct children only: a router nested in a mixed block stays in the bf16 unit"),
+    Mutant(name="k_root_first", file="by_dtype.py",
+           old="    for modules in split_by_dtype(module, set(kwargs.get(\"ignored_params\") or ())).values():\n"
+               "        shard(modules if len(modules) > 1 else modules[0], **kwargs)\n"
+               "    return shard(module, **kwargs)\n",
+           new="    units = split_by_dtype(module, set(kwargs.get(\"ignored_params\") or ())).values()\n"
+               "    root = shard(module, **kwargs)\n"
+               "    for modules in units:\n"
+               "        shard(modules if len(modules) > 1 else modules[0], **kwargs)\n"
+               "    return root\n",
+           scenarios=("k2_trainable_mixed_dtypes",),
+           why="shards the module before its dtype units, so its own unit still holds every dtype"),
+    Mutant(name="k_first_module_only", file="by_dtype.py",
+           old="        shard(modules if len(modules) > 1 else modules[0], **kwargs)\n",
+           new="        shard(modules[0], **kwargs)\n",
+           scenarios=("k1_lora_frozen_base",), torch="2.7.1",
+           why="shards only the first module of a dtype group: lora_b stays beside the bf16 base"),
+    Mutant(name="i_reduce_dtype_only", file="unfreeze.py",
+           old="    group._orig_dtype = orig_dtypes.pop()\n", new="",
+           scenarios=I_SCENARIOS, why="resolves the reduce dtype but not the original one: grads are not cast back"),
+    Mutant(name="i_orig_dtype_only", file="unfreeze.py",
+           old="    group._reduce_dtype = reduce_dtypes.pop()\n", new="",
+           scenarios=I_SCENARIOS, why="resolves the original dtype only: the group still reduces in bf16"),
+    Mutant(name="i_fill_before_torch", file="unfreeze.py",
+           old="    result = init_mp_dtypes(self, *args, **kwargs)\n    fill_frozen_group_dtypes(self)\n",
+           new="    fill_frozen_group_dtypes(self)\n    result = init_mp_dtypes(self, *args, **kwargs)\n",
+           scenarios=I_SCENARIOS, why="fills the group's dtypes before torch resolves (and overwrites) them"),
+    Mutant(name="i_probe_inverted", file="unfreeze.py",
+           old="    return resolved is None\n", new="    return resolved is not None\n",
+           scenarios=I_SCENARIOS, why="inverted feature check: not installed on 2.8 .. 2.13, where it is needed"),
+    Mutant(name="i_param_dtype_for_reduce", file="unfreeze.py",
+           old="    reduce_dtypes = {p.reduce_dtype for p in floating}\n",
+           new="    reduce_dtypes = {p.param_dtype for p in floating}\n",
+           scenarios=I_SCENARIOS, why="takes the compute dtype for the reduce dtype: reduces in bf16 again"),
 )
 
 

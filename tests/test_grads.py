@@ -175,12 +175,8 @@ def _worker(out_dir: str) -> None:
 
     import torch.distributed as dist
     from torch import nn
-
-    try:
-        from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
-    except ImportError:  # torch < 2.6
-        from torch.distributed._composable.fsdp import CPUOffloadPolicy, fully_shard
     from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
 
