@@ -27,8 +27,8 @@ def crash_cause(log_path: Path) -> tuple[str, str, int | None]:
     rank = int(rank_m.group(1)) if rank_m else None
     sig = _SIGNAL.search(root)
     if sig:
-        what = _WHAT.search(text)  # a C++ exception that ended the process (gloo enforce, ...)
-        detail = f": {what.group(1).strip()[:400]}" if what else ""
+        what = _last_what_in(text)  # the C++ exception that ended the process (gloo enforce, ...)
+        detail = f": {what}" if what else ""
         return "Signal", f"rank {rank} died: signal {sig.group(1)} ({sig.group(2)}){detail}", rank
     errors = [
         ln for ln in text.splitlines() if re.search(r"\b\w+(Error|Exception)\b: ", ln) and "ChildFailedError" not in ln
@@ -58,14 +58,17 @@ def fatal_signal(crash_file: Path, log_path: Path, rank: int) -> tuple[str, str]
     fatal = next((v for k, v in _FATAL.items() if f"Fatal Python error: {k}" in report), None)
     if fatal is None:
         return None
-    text = log_path.read_text(errors="replace") if log_path.exists() else ""
-    what = _WHAT.search(text)
-    detail = f": {what.group(1).strip()[:400]}" if what else ""
+    what = last_what(log_path)
+    detail = f": {what}" if what else ""
     return "Signal", f"rank {rank} died: signal {fatal[0]} ({fatal[1]}){detail}"
 
 
 def last_what(log_path: Path) -> str | None:
-    """The last C++ ``what()`` line of a log (the exception that aborted a process)."""
-    text = log_path.read_text(errors="replace") if log_path.exists() else ""
+    """The last C++ ``what()`` line of a log (the exception that aborted a process; an
+    earlier one belongs to a forked cell that aborted before)."""
+    return _last_what_in(log_path.read_text(errors="replace") if log_path.exists() else "")
+
+
+def _last_what_in(text: str) -> str | None:
     found = _WHAT.findall(text)
     return found[-1].strip()[:400] if found else None

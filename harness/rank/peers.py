@@ -99,7 +99,8 @@ def blame(outcomes: list[RankOutcome], missing: dict[int, str | None], timeout_s
     if dead:
         first = min(dead, key=lambda o: (o.t_fail or 0.0, o.rank))
         return dict(status="crash", exc_type="Signal", exc_msg=first.exc_msg, failing_rank=first.rank,
-                    traceback=first.traceback, failed_ranks=sorted(o.rank for o in failed), rank_errors=rank_errors)
+                    traceback=first.traceback, failed_ranks=sorted({o.rank for o in failed} | set(missing)),
+                    rank_errors=rank_errors)
     own = [o for o in failed if not o.comm_failure and not o.timed_out]
     phases = {o.rank: o.phase for o in outcomes} | missing
     fields: dict[str, Any] = dict(failed_ranks=sorted({o.rank for o in failed} | set(missing)), rank_errors=rank_errors)

@@ -1,0 +1,201 @@
+"""Cells run in processes forked from a zygote (``harness.rank.forked``): what the worker
+posts and who judges when the cell's process succeeds, aborts, hangs or exits.
+
+The function that runs a cell in the forked process is replaced by small stand-ins (chosen
+per cell index), so no torchrun and no training is involved; the store is a real TCPStore,
+which the forked processes reach as clients, as the real ones do.
+"""
+
+import datetime
+import json
+import os
+import resource
+import signal
+import socket
+import time
+from dataclasses import dataclass, field
+
+import psutil
+import pytest
+import torch.distributed as dist
+
+from harness.plan.cells import Cell
+from harness.process.tree import die_with_parent
+from harness.protocol import CellKeys, LaunchPlan, write_phase
+from harness.rank import forked, peers
+from harness.rank.forked import Zygote
+
+WHAT = "[enforce fail at gloo/transport/tcp/pair.cc:446] op.preamble.length <= op.nbytes. 8 vs 4"
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _client(port):
+    return dist.TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False,
+                         timeout=datetime.timedelta(seconds=10))
+
+
+# -- what a forked cell's process does, by cell index (runs in the fork; never returns) --
+def _records(plan, port, keys, rank):
+    peers.post(_client(port), keys, peers.RankOutcome(rank=rank, ok=True))
+    _client(port).set(keys.recorded, "1")
+    os._exit(0)
+
+
+def _reports_then_aborts(plan, port, keys, rank):
+    peers.post(_client(port), keys, peers.RankOutcome(rank=rank, ok=False, exc_type="RuntimeError", exc_msg="own report"))
+    os.abort()
+
+
+def _aborts(plan, port, keys, rank, slot_rank0):
+    write_phase(plan.phase_file(slot_rank0 + rank), "step 1 micro-batch 0 backward")
+    os.abort()
+
+
+def _hangs(*_):
+    time.sleep(60)
+
+
+def _exits_3(*_):
+    os._exit(3)
+
+
+BEHAVIOUR = {1: _records, 2: _reports_then_aborts, 3: _aborts, 4: _hangs, 5: _exits_3}
+
+
+def _fake_cell_process(plan, scenarios, *, index, slot_rank0, rank, t0):
+    try:
+        die_with_parent()
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        keys = CellKeys(launch_id=plan.launch_id, index=index)
+        args = (plan, scenarios["port"], keys, rank) + ((slot_rank0,) if BEHAVIOUR[index] is _aborts else ())
+        BEHAVIOUR[index](*args)
+    finally:
+        os._exit(4)
+
+
+@dataclass
+class FakeRun:
+    """The ``CellRun`` side the zygote's worker end calls back into."""
+
+    plan: LaunchPlan
+    store: dist.Store
+    calls: list = field(default_factory=list)
+
+    def run_here(self, cell, *, slot_rank0, rank, t0):
+        self.calls.append(("run_here", cell.index, slot_rank0, rank))
+        return True
+
+    def judge(self, cell, *, t0, observed, fields, slot_rank0):
+        self.calls.append(("judge", cell.index, observed, fields, slot_rank0))
+        self.store.set(CellKeys(launch_id=self.plan.launch_id, index=cell.index).recorded, "1")
+        return []
+
+    def wait_recorded(self, cell, *, t0):
+        self.calls.append(("wait_recorded", cell.index))
+        return True
+
+
+def _cell(index, timeout_s=30.0):
+    return Cell(index=index, scenario="s", variant="vanilla", device="cpu", backend="gloo", world_size=2, mesh=(2,),
+                timeout_s=timeout_s, expected=("crash",))
+
+
+@pytest.fixture
+def zygote(tmp_path, monkeypatch):
+    """A zygote (forked first, as the worker does) and a store the cells' processes reach."""
+    plan = LaunchPlan(run_id="r", launch_id="L", device="cpu", world_size=4, patches_module="m", patch_mapping={},
+                      patches_module_id="m", out_path=str(tmp_path / "out.jsonl"), folder=str(tmp_path / "launch"),
+                      cells=[_cell(i) for i in BEHAVIOUR])
+    plan.dump()
+    plan.log_file.write_text(f"terminate called after throwing an instance of 'gloo::EnforceNotMet'\n  what():  {WHAT}\n")
+    monkeypatch.setattr(forked, "_cell_process", _fake_cell_process)
+    port = _free_port()
+    z = Zygote.start(plan, {"port": port})
+    store = dist.TCPStore("127.0.0.1", port, 1, is_master=True, wait_for_workers=False)
+    pids: list[int] = []
+    fork_cell = z.fork_cell
+    z.fork_cell = lambda *a, **kw: pids.append(fork_cell(*a, **kw)) or pids[-1]
+    try:
+        yield z, FakeRun(plan=plan, store=store), pids
+    finally:
+        os.close(z.requests)  # the zygote's loop ends
+        for p in psutil.Process(z.pid).children(recursive=True) if psutil.pid_exists(z.pid) else []:
+            p.kill()
+        _reap(z.pid)
+        os.close(z.replies)
+
+
+def _reap(pid, timeout_s=10.0):
+    deadline = time.time() + timeout_s
+    try:
+        while os.waitpid(pid, os.WNOHANG) == (0, 0) and time.time() < deadline:
+            time.sleep(0.01)
+    except ChildProcessError:  # reaped already
+        pass
+
+
+def _status(run, index, rank):
+    keys = CellKeys(launch_id="L", index=index)
+    return peers.RankOutcome(**json.loads(run.store.get(keys.status(rank)))) if run.store.check([keys.status(rank)]) else None
+
+
+def test_a_cell_that_records_needs_nothing_more(zygote):
+    z, run, _ = zygote
+    assert z.run_cell(run, _cell(1), slot_rank0=0, rank=0, t0=time.time()) is True
+    assert _status(run, 1, 0) == peers.RankOutcome(rank=0, ok=True) and run.calls == []
+
+
+def test_a_non_judge_rank_killed_by_a_signal_is_posted_as_the_crash(zygote):
+    z, run, _ = zygote
+    assert z.run_cell(run, _cell(3), slot_rank0=2, rank=1, t0=time.time()) is True
+    outcome = _status(run, 3, 1)
+    assert (outcome.ok, outcome.exc_type) == (False, "Signal")
+    assert outcome.exc_msg == f"rank 1 died: signal 6 (SIGABRT): {WHAT}"
+    assert outcome.phase == "step 1 micro-batch 0 backward"  # from global rank 3's phase file
+    assert run.calls == [("wait_recorded", 3)]
+
+
+def test_the_judge_killed_by_a_signal_judges_in_the_worker(zygote):
+    z, run, _ = zygote
+    assert z.run_cell(run, _cell(3), slot_rank0=0, rank=0, t0=time.time()) is True
+    assert _status(run, 3, 0).exc_msg.startswith("rank 0 died: signal 6 (SIGABRT)")
+    assert run.calls == [("judge", 3, None, {}, 0)]
+
+
+def test_a_rank_that_reported_before_dying_keeps_its_report(zygote):
+    z, run, _ = zygote
+    assert z.run_cell(run, _cell(2), slot_rank0=0, rank=0, t0=time.time()) is True
+    assert (_status(run, 2, 0).exc_type, _status(run, 2, 0).exc_msg) == ("RuntimeError", "own report")
+    assert run.calls == [("judge", 2, None, {}, 0)]
+
+
+def test_an_exit_without_a_signal_posts_nothing(zygote):
+    z, run, _ = zygote
+    assert z.run_cell(run, _cell(5), slot_rank0=0, rank=0, t0=time.time()) is True
+    assert _status(run, 5, 0) is None and run.calls == [("judge", 5, None, {}, 0)]
+
+
+def test_a_hung_cell_process_is_killed_at_its_deadline_and_the_zygote_serves_on(zygote, monkeypatch):
+    z, run, pids = zygote
+    monkeypatch.setattr(forked, "_CHILD_GRACE_S", 0.3)
+    t = time.time()
+    assert z.run_cell(run, _cell(4, timeout_s=0.2), slot_rank0=0, rank=1, t0=t) is True
+    assert 0.5 <= time.time() - t < 5
+    assert _status(run, 4, 1).exc_msg.startswith("rank 1 died: signal 9 (SIGKILL)")
+    assert not psutil.pid_exists(pids[0])  # killed and reaped
+    assert run.calls == [("wait_recorded", 4)]
+    assert z.run_cell(run, _cell(1), slot_rank0=0, rank=1, t0=time.time()) is True  # the next cell is served
+    assert _status(run, 1, 1) == peers.RankOutcome(rank=1, ok=True) and len(pids) == 2
+
+
+def test_without_its_zygote_the_worker_runs_the_cell_itself(zygote):
+    z, run, pids = zygote
+    os.kill(z.pid, signal.SIGKILL)
+    _reap(z.pid)
+    assert z.run_cell(run, _cell(1), slot_rank0=2, rank=1, t0=time.time()) is True
+    assert pids == [None] and run.calls == [("run_here", 1, 2, 1)]

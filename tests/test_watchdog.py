@@ -1,0 +1,136 @@
+"""A cell's deadline inside a worker (``harness.rank.watchdog``): interrupting stuck user code,
+noting where it was, and the phase file the launcher reads after a kill."""
+
+import os
+import signal
+import time
+
+import pytest
+
+from harness.protocol import IDLE, read_phase
+from harness.rank.watchdog import CellTimeout, Watchdog
+
+
+@pytest.fixture
+def make_watchdog(tmp_path):
+    """Watchdogs whose expiries are counted; disarmed and SIGALRM restored after the test."""
+    previous = signal.getsignal(signal.SIGALRM)
+    made = []
+
+    def make(phase_file=tmp_path / "L.rank0.phase"):
+        expired: list[float] = []
+        wd = Watchdog(phase_file, on_expire=lambda: expired.append(time.time()))
+        made.append(wd)
+        return wd, expired
+
+    yield make
+    for wd in made:
+        wd.disarm()
+    signal.signal(signal.SIGALRM, previous)
+
+
+def _eventually(condition, timeout_s=5.0):
+    deadline = time.time() + timeout_s
+    while not condition() and time.time() < deadline:
+        time.sleep(0.01)
+    return condition()
+
+
+def test_stamps_go_to_the_phase_file(make_watchdog, tmp_path):
+    wd, _ = make_watchdog()
+    wd.arm(30)
+    with wd.user_code("build model"):
+        assert read_phase(tmp_path / "L.rank0.phase") == "build model"
+    wd.stamp("step 0 micro-batch 0 forward")
+    assert (wd.phase, read_phase(tmp_path / "L.rank0.phase")) == ("step 0 micro-batch 0 forward",) * 2
+    wd.disarm()
+    assert (wd.phase, read_phase(tmp_path / "L.rank0.phase")) == (IDLE, IDLE)
+
+
+def test_no_phase_file_is_fine(make_watchdog):
+    wd, _ = make_watchdog(phase_file=None)
+    wd.stamp("init group")
+    assert wd.phase == "init group"
+
+
+def test_the_deadline_interrupts_stuck_user_code(make_watchdog):
+    wd, expired = make_watchdog()
+    t = time.time()
+    wd.arm(0.2)
+    with pytest.raises(CellTimeout, match="step 0 micro-batch 0 forward"):
+        with wd.user_code("step 0 micro-batch 0 forward"):
+            time.sleep(30)
+    assert time.time() - t < 5
+    assert wd.fired and _eventually(lambda: len(expired) == 1)
+    assert wd.where.startswith("test_the_deadline_interrupts_stuck_user_code (test_watchdog.py:")
+    assert wd.in_collective is False
+
+
+def test_user_code_cannot_swallow_the_timeout(make_watchdog):
+    wd, _ = make_watchdog()
+    swallowed = False
+    wd.arm(0.2)
+    with pytest.raises(CellTimeout):
+        with wd.user_code("install patches"):
+            try:
+                time.sleep(30)
+            except Exception:  # what careless user code does
+                swallowed = True
+    assert not swallowed
+
+
+def test_waiting_in_torch_distributed_counts_as_in_a_collective(make_watchdog):
+    source = "import time\n\ndef wait_for_peers():\n    time.sleep(30)\n"
+    fake = os.path.join(os.sep, "site-packages", "torch", "distributed", "fake_c10d.py")
+    namespace: dict = {}
+    exec(compile(source, fake, "exec"), namespace)
+    wd, _ = make_watchdog()
+    wd.arm(0.2)
+    with pytest.raises(CellTimeout):
+        with wd.user_code("step 1 clip"):
+            namespace["wait_for_peers"]()
+    assert wd.in_collective is True and wd.where == "wait_for_peers (fake_c10d.py:4)"
+
+
+def test_a_deadline_outside_user_code_raises_at_the_next_user_code(make_watchdog):
+    wd, expired = make_watchdog()
+    wd.arm(0.1)
+    assert _eventually(lambda: wd.fired)  # the harness's own code is not interrupted
+    assert _eventually(lambda: len(expired) == 1)
+    ran = False
+    with pytest.raises(CellTimeout, match="step 2 clip"):
+        with wd.user_code("step 2 clip"):
+            ran = True
+    assert not ran and wd.phase == "step 2 clip"
+
+
+def test_disarm_before_the_deadline_cancels_it(make_watchdog):
+    wd, expired = make_watchdog()
+    wd.arm(0.2)
+    with wd.user_code("reference"):
+        pass
+    wd.disarm()
+    time.sleep(0.5)
+    assert not wd.fired and expired == []
+    with wd.user_code("reference"):
+        time.sleep(0.01)
+
+
+def test_a_new_arm_clears_the_last_cells_expiry(make_watchdog):
+    wd, expired = make_watchdog()
+    wd.arm(0.05)
+    assert _eventually(lambda: len(expired) == 1)
+    wd.arm(30)
+    assert not wd.fired
+    with wd.user_code("init group"):
+        time.sleep(0.01)
+    assert len(expired) == 1
+
+
+def test_a_stray_alarm_outside_a_deadline_is_ignored(make_watchdog):
+    wd, _ = make_watchdog()
+    wd.arm(30)
+    with wd.user_code("build model"):
+        signal.raise_signal(signal.SIGALRM)  # not fired: user code goes on
+        time.sleep(0.01)
+    assert not wd.fired
