@@ -29,6 +29,20 @@ def test_file_and_folder_modules(tmp_path):
     assert locate(str(pkg)).sha256 != src.sha256
 
 
+def test_the_description_names_module_version_and_hash_never_a_folder(tmp_path):
+    own = locate("fsdp_patches")
+    assert own.describe() == f"fsdp_patches{' ' + own.version if own.version else ''} (sha256 {own.sha256[:12]})"
+    (tmp_path / "mine.py").write_text("__version__ = '1.2'\ndef patch_fsdp_x():\n    pass\n")
+    file = locate(str(tmp_path / "mine.py"))
+    assert file.describe() == f"mine.py 1.2 (sha256 {file.sha256[:12]})"
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("def patch_y():\n    pass\n")
+    folder = locate(str(tmp_path / "pkg") + "/")
+    assert folder.describe() == f"pkg (sha256 {folder.sha256[:12]})"
+    assert str(tmp_path) not in file.describe() + folder.describe() + own.describe()
+    assert "/" not in file.describe() + folder.describe() + own.describe()
+
+
 def test_a_typo_is_named_with_a_suggestion():
     own = locate("fsdp_patches")
     with pytest.raises(ValueError, match=r"scenario 's' names unknown patch 'unused_param_reductoin' "

@@ -8,13 +8,13 @@ import re
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
 import pytest
 
 from harness.cli import main as cli_main
 from harness.results.decisions import lifecycle, version_ranges
 from harness.results.record import RecordError, load_records
 from harness.results.report import build_report
+from harness.results.safe import read_report_csv
 from harness.results.tables import LONG_COLUMNS, build_tables, latest_records, records_frame, torch_sort_key
 
 CPU_VERSIONS = ["2.9.1", "2.11.0", "2.12.1", "2.13.0"]
@@ -183,21 +183,24 @@ def test_build_report_writes_three_files(records_dir: Path, tmp_path: Path) -> N
                                                      "patches_csv": "compat-patches.csv"}
     md = re.sub(r" +", " ", paths["md"].read_text(encoding="utf-8"))  # tabulate pads columns
     assert md.index("## What to do with each patch: cpu") < md.index("## Scenario × torch: cpu")
-    assert "Patches module under test: fsdp_patches (fsdp_patches, sha256 abc)." in md
+    assert "Patches module under test: fsdp_patches (sha256 abc)." in md  # no folder, even from old records
     assert f"| {A} | 2.9.1–2.11.0 |" in md
     assert "| scenario | w | 2.9.1 | 2.11.0 | 2.12.1 | 2.13.0 |" in md
     assert "| unused_params | 2 | need | need | fixed ⚠ | – |" in md
     assert "| baseline_mlp | 2 | ok | ok | DEPLOYED ⚠ | – |" in md
     assert f"{records_dir / 'bad.jsonl'}:3: missing key 'status'" in md
+    legend = md[md.index("## Bug legend"):md.index("## Details")]
+    assert "| A | Ranks use different parameters |" in legend and "| K | Mixed parameter dtypes" in legend
+    assert "| unused_param_reduction | FSDPModule.set_reduce_scatter_unused_params (2.13) | — |" in legend
 
     page = paths["html"].read_text(encoding="utf-8")
-    assert page.startswith("<!DOCTYPE html>") and "<script" not in page and "http" not in page
+    assert page.startswith("<!DOCTYPE html>") and "<script" not in page and not re.search("https?:|//", page)
     assert re.search(r'class="data [^"]*v-deployed-set-broken"[^>]*><a href="#d-cpu-baseline_mlp-w2-2_12_1">', page)
     assert 'id="d-cpu-baseline_mlp-w2-2_12_1"' in page  # the details row the heatmap links to
     assert "deployed: mismatch; max abs diff 0.5" in page  # hover title
     assert ".v-patch-needed { background: #ffb74d; }" in page
 
-    csv = pd.read_csv(paths["csv"], keep_default_na=False)
+    csv = read_report_csv(paths["csv"])
     assert list(csv.columns) == list(LONG_COLUMNS) and len(csv) == 3 * 4 + 1
     row = csv[(csv["scenario"] == "unused_params") & (csv["torch"] == "2.13.0") & (csv["device"] == "cpu")].iloc[0]
     assert (row["vanilla"], row["patched"], row["verdict"]) == ("pass", "", "not run")
@@ -207,9 +210,10 @@ def test_reference_adjustments_are_visible_everywhere(tmp_path: Path) -> None:
     quirk = "gloo reduce-scatter AVG sums (torch < 2.9): reference averages over the replicate dim only"
     recs = [record("plain", v, "2.8.0", "pass", reference_quirks=[quirk]) for v in ("vanilla", "deployed")]
     paths = build_report([write_jsonl(tmp_path / "r.jsonl", recs)], tmp_path / "out")
-    assert "ok †" in paths["md"].read_text() and f"Reference adjusted on 2.8.0 (1 cells): {quirk}" in paths["md"].read_text()
-    assert "ok †" in paths["html"].read_text() and quirk in paths["html"].read_text()
-    assert pd.read_csv(paths["csv"], keep_default_na=False)["reference_adjusted"].tolist() == [quirk]
+    shown = quirk.replace("<", "&lt;")  # Markdown shows record text as text
+    assert "ok †" in paths["md"].read_text() and f"Reference adjusted on 2.8.0 (1 cells): {shown}" in paths["md"].read_text()
+    assert "ok †" in paths["html"].read_text() and quirk.replace("<", "&lt;") in paths["html"].read_text()
+    assert read_report_csv(paths["csv"])["reference_adjusted"].tolist() == [quirk]
 
 
 def test_build_tables_without_records_raises(tmp_path: Path) -> None:

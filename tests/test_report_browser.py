@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from harness.results.report import PATCH_COLORS, build_report
+from harness.results.safe import content_security_policy
 
 CHROMIUM = Path("/usr/bin/chromium")
 WIDTH, HEIGHT = 1400, 900
@@ -67,7 +68,8 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 #: Appended to a copy of the page: measures the layout at the window size and writes it
-#: into the DOM, which --dump-dom then prints (the report itself has no script).
+#: into the DOM, which --dump-dom then prints (the report itself has no script; the copy's
+#: Content-Security-Policy allows this one by its hash, as it would a script of the page).
 PROBE = """<script>
 const life = document.querySelector("table.lifecycle").getBoundingClientRect();
 const cells = document.querySelectorAll("table.heatmap td");
@@ -132,7 +134,11 @@ def hex_rgb(color: str) -> tuple[int, int, int]:
 def test_first_screen_has_the_per_patch_table_and_the_heatmap_has_one_cell_per_run(report: Path,
                                                                                    tmp_path: Path) -> None:
     probed = tmp_path / "probed.html"
-    probed.write_text(report.read_text(encoding="utf-8").replace("</body>", PROBE + "</body>"), encoding="utf-8")
+    page = report.read_text(encoding="utf-8").replace("</body>", PROBE + "</body>")
+    probe_hash = content_security_policy(styles=[], scripts=[PROBE.removeprefix("<script>").removesuffix("</script>")])
+    allowed = probe_hash.split("script-src ", 1)[1].split(";", 1)[0].replace("'", "&#39;")
+    assert page.count("script-src &#39;none&#39;") == 1
+    probed.write_text(page.replace("script-src &#39;none&#39;", f"script-src {allowed}"), encoding="utf-8")
     dom = chromium(tmp_path, f"--window-size={WIDTH},{HEIGHT}", "--virtual-time-budget=5000", "--dump-dom",
                    probed.as_uri()).stdout
     probe = json.loads(html.unescape(dom.split('<pre id="probe">', 1)[1].split("</pre>", 1)[0]))
@@ -146,7 +152,7 @@ def test_first_screen_has_the_per_patch_table_and_the_heatmap_has_one_cell_per_r
 def test_dom_shows_decisions_and_versions(report: Path, tmp_path: Path) -> None:
     dom = chromium(tmp_path, "--dump-dom", report.as_uri()).stdout
     assert "FSDP2 patch compatibility report" in dom
-    assert "fsdp_patches 1.0 (fsdp_patches, sha256 0123456789ab)" in dom
+    assert "fsdp_patches 1.0 (sha256 0123456789ab)" in dom  # name, version, hash: no folder
     assert "2.7.1–2.9.1, 2.11.0–2.12.1" in dom and "2.13.0–2.15.0 (shown by scenario_00" in dom
     header = dom[dom.index('id="verdicts-cpu"'):]
     positions = [header.index(f">{v}</th>") for v in VERSIONS]

@@ -5,15 +5,24 @@ OLD and NEW are records (``.jsonl`` files or folders of them) or a report's
 statuses). The result is Markdown for a CI job summary or a PR comment, and an exit
 code: 1 when anything got worse (a cell newly broken, failing unexpectedly or gone, a
 patch newly broken or not provided), 0 otherwise.
+
+Error texts are compared after ``normalise_error`` (set order, rank numbers, addresses,
+ports, line numbers, pids, folders and C++'s ``what():`` masked; the clauses per rank in
+any order; a text cut at its length limit matches the same text cut elsewhere), so the
+same error in two runs is no change; the lines show the texts as they were.
 """
 
 from __future__ import annotations
 
+import itertools
+import re
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
+from harness.results.safe import read_report_csv
 from harness.results.tables import build_tables, release, sorted_torch
 from harness.vocabulary import (
     DEPLOYED_BROKEN,
@@ -26,7 +35,7 @@ from harness.vocabulary import (
     VARIANTS,
 )
 
-__all__ = ["RunDiff", "diff_runs", "load_side"]
+__all__ = ["RunDiff", "diff_runs", "load_side", "normalise_error", "same_error"]
 
 KEY = ["device", "scenario", "world_size", "torch"]
 BAD = {PATCH_BROKEN, DEPLOYED_BROKEN, REGRESSION, NOT_PROVIDED}
@@ -84,12 +93,12 @@ def load_side(path: str | Path) -> Side:
     if p.suffix == ".csv":
         if not p.is_file():
             raise ValueError(f"no such file: {p}")
-        cells = pd.read_csv(p, keep_default_na=False)
+        cells = read_report_csv(p)
         missing = [c for c in [*KEY, "verdict"] if c not in cells.columns]
         if missing:
             raise ValueError(f"{p}: not a compat.csv (no column {missing[0]!r})")
         patches_csv = p.with_name(p.stem + "-patches.csv")
-        patches = pd.read_csv(patches_csv, keep_default_na=False) if patches_csv.is_file() else pd.DataFrame(
+        patches = read_report_csv(patches_csv) if patches_csv.is_file() else pd.DataFrame(
             columns=["patch", "device", "torch", "status"])
     else:
         tables = build_tables([p])
@@ -139,7 +148,7 @@ def diff_runs(old: Side, new: Side) -> RunDiff:
             d.better.append(line)
         elif was["verdict"] != now["verdict"]:
             d.changed.append(line)
-        elif _exc(was) != _exc(now) and _exc(was) and _exc(now):
+        elif _exc(was) and _exc(now) and not same_error(_exc(was), _exc(now)):
             d.texts.append(f"{_where(now)}: {_exc(was)!r} → {_exc(now)!r}")
     _patches(old, new, d)
     return d
@@ -163,3 +172,61 @@ def _patches(old: Side, new: Side, d: RunDiff) -> None:
     for (patch, device, torch), was, now in sorted(changed, key=lambda c: (c[0][0], c[0][1], sorted_torch([c[0][2]]))):
         line = f"{patch} on {torch} ({device}): {was} → {now}"
         (d.patches_worse if now in BAD_PATCH and was not in BAD_PATCH else d.patches).append(line)
+
+
+# --------------------------------------------------------------------------- error texts
+
+_MASKS: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"(?:[\w.~+@-]*/)+(?=[\w.+@-])"), ""),  # folders: a path reads as its file name
+    (re.compile(r"\btmp[\w-]{4,}"), "tmp*"),  # temporary names
+    (re.compile(r"\b0x[0-9a-fA-F]+\b"), "0x*"),  # pointers
+    (re.compile(r"\b\d{1,3}(?:\.\d{1,3}){3}\b"), "*.*.*.*"),  # IPv4 addresses
+    (re.compile(r"(?<=[\w\]]):\d+\b"), ":*"),  # host:port, file:line
+    (re.compile(r"\b(pid|process|thread|tid)([ =:#]*)\d+", re.I), r"\1\2*"),
+    (re.compile(r"\b(ranks?|rank\(s\))(\s*\[?)\d+(?:\s*,\s*\d+)*", re.I), r"\1\2*"),
+    (re.compile(r"\[rank\d+\]", re.I), "[rank*]"),
+    (re.compile(r"\bwhat\(\):\s+"), ""),  # C++ std::terminate's prefix, on the line taken or not
+)
+_SET = re.compile(r"\{([^{}]*,[^{}]*)\}")
+#: where one rank's clause starts: "... (rank * lost its peers ...; rank * waited in ...)"
+_CLAUSE = re.compile(r"; (?=rank\b)|(?<=\()(?=rank \*)")
+CUT = "…"
+
+
+def normalise_error(text: str) -> str:
+    """The text with what differs between runs of the same error masked, and set literals sorted."""
+    for pattern, mask in _MASKS:
+        text = pattern.sub(mask, text)
+    return _SET.sub(lambda m: "{" + ", ".join(sorted(i.strip() for i in m.group(1).split(","))) + "}", text)
+
+
+def _pieces(text: str) -> tuple[list[str], bool]:
+    """Clauses (the part before the first rank's, one per rank, a closing parenthesis apart)
+    and whether the text was cut at its length limit."""
+    norm = normalise_error(text)
+    cut = norm.endswith(CUT)
+    pieces = []
+    for piece in _CLAUSE.split(norm.removesuffix(CUT)):
+        if piece.startswith("rank") and piece.endswith(")") and piece.count(")") > piece.count("("):
+            pieces += [piece[:-1], ")"]
+        else:
+            pieces.append(piece)
+    return pieces, cut
+
+
+def same_error(a: str, b: str) -> bool:
+    """Whether two error texts tell the same error (see ``normalise_error``)."""
+    if a == b or normalise_error(a) == normalise_error(b):
+        return True
+    (pa, cut_a), (pb, cut_b) = _pieces(a), _pieces(b)
+    if cut_a or cut_b:  # a closing parenthesis may be past the cut
+        pa, pb = [p for p in pa if p != ")"], [p for p in pb if p != ")"]
+    common = Counter(pa) & Counter(pb)
+    rest_a, rest_b = list((Counter(pa) - common).elements()), list((Counter(pb) - common).elements())
+    if len(rest_a) != len(rest_b) or len(rest_a) > 2 or (rest_a and not (cut_a or cut_b)):
+        return False
+
+    def fits(x: str, y: str) -> bool:  # a cut last clause is the start of its counterpart
+        return (cut_a and x == pa[-1] and y.startswith(x)) or (cut_b and y == pb[-1] and x.startswith(y))
+
+    return any(all(fits(x, y) for x, y in zip(rest_a, order)) for order in itertools.permutations(rest_b))

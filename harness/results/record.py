@@ -64,7 +64,7 @@ class Record:
     torch: str
     torch_git: str | None = None
     patches_module: str = ""
-    #: the module under test as the report names it: spec, version, path, content hash
+    #: the module under test as the report names it: ``name [version] (sha256 12hex)``, never a path
     patches_module_id: str = ""
     #: the patches the scenario names (what the verdicts credit)
     patches: list[str] = field(default_factory=list)

@@ -12,6 +12,7 @@ Build it with ``python -m harness report --records runs/ --out reports``.
 from __future__ import annotations
 
 import html
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,12 +20,13 @@ from pathlib import Path
 import pandas as pd
 
 from harness.results.decisions import deployed_line, lifecycle, version_ranges
+from harness.results.safe import content_security_policy, md_text, read_report_csv, safe_id, write_report_csv
 from harness.results.tables import LONG_COLUMNS, ReportTables, build_tables, verdict_counts
 from harness.results.verdict import VERDICT_RULES
 from harness.vocabulary import VARIANTS, VERDICTS
 
-__all__ = ["OUTPUT_NAMES", "SHORT", "VERDICT_COLORS", "build_report", "render_html", "render_markdown",
-           "write_outputs"]
+__all__ = ["OUTPUT_NAMES", "SHORT", "VERDICT_COLORS", "build_report", "read_report_csv", "render_html",
+           "render_markdown", "write_outputs"]
 
 TITLE = "FSDP2 patch compatibility report"
 OUTPUT_NAMES: Mapping[str, str] = {"md": "compat.md", "html": "compat.html", "csv": "compat.csv",
@@ -55,7 +57,7 @@ def css(prefix: str, name: str) -> str:
 
 
 def anchor(row: Mapping) -> str:
-    return f"d-{row['device']}-{row['scenario']}-w{row['world_size']}-{row['torch']}".replace(".", "_")
+    return safe_id(f"d-{row['device']}-{row['scenario']}-w{row['world_size']}-{row['torch']}")
 
 
 # --------------------------------------------------------------------------- pieces
@@ -132,6 +134,15 @@ def _rules() -> pd.DataFrame:
                         columns=["#", "kind", "vanilla", "patched", "deployed", "api", "verdict", "meaning"])
 
 
+def _bugs(tables: ReportTables) -> pd.DataFrame:
+    """The bug legend (``harness.bugs``), with the scenarios of each bug that this report holds."""
+    from harness.bugs import BUGS, bug_for_scenario, legend_rows
+
+    here = sorted(set(tables.cells["scenario"])) if len(tables.cells) else []
+    shown = [", ".join(s for s in here if bug_for_scenario(s) is bug) or "—" for bug in BUGS]
+    return pd.DataFrame(legend_rows()).assign(**{"scenarios in this report": shown})
+
+
 def _header(tables: ReportTables) -> list[str]:
     counts = ", ".join(f"{n} {v}" for v, n in verdict_counts(tables.cells))
     machines = sorted({m for m in tables.environment["machine"] if m} | {h for h in tables.environment["host"] if h})
@@ -144,7 +155,9 @@ def _header(tables: ReportTables) -> list[str]:
 
 
 def _md(frame: pd.DataFrame, *, index: bool = False) -> str:
-    return frame.to_markdown(index=index, tablefmt="pipe", disable_numparse=True) + "\n"
+    """Every cell and head through ``md_text``: record text shows as text."""
+    shown = frame.map(md_text, cell=True).rename(columns=lambda c: md_text(c, cell=True))
+    return shown.to_markdown(index=index, tablefmt="pipe", disable_numparse=True) + "\n"
 
 
 #: cells the Markdown details leave out (every cell is in the CSV and the HTML report)
@@ -172,21 +185,24 @@ def _short(text: str) -> str:
 
 
 def render_markdown(tables: ReportTables) -> str:
-    out = [f"# {TITLE}", "", *_header(tables), ""]
+    out = [f"# {TITLE}", "", *map(md_text, _header(tables)), ""]
     for device in tables.devices:
         versions = tables.versions(device)
         life = lifecycle(tables.patches, device, versions)
-        out += [f"## What to do with each patch: {device}", "",
-                _md(life) if len(life) else "No scenario names a patch.\n", deployed_line(tables.deployed, device, versions), ""]
+        out += [f"## What to do with each patch: {md_text(device)}", "",
+                _md(life) if len(life) else "No scenario names a patch.\n",
+                md_text(deployed_line(tables.deployed, device, versions)), ""]
         grid = _patch_grid(tables, device, "status")
         if not grid.empty:
             out += [_md(grid.reset_index())]
     for device in tables.devices:
-        out += [f"## Scenario × torch: {device}", "", LEGEND, "", _md(_grid(tables, device, _label).reset_index())]
-        out += [f"### Notes: {device}", "", *([f"- {n}" for n in _notes(tables, device)] or ["None."]), ""]
-        out += [f"### Environment: {device}", "", _md(_environment(tables, device).rename_axis("").reset_index())]
+        shown = md_text(device)
+        out += [f"## Scenario × torch: {shown}", "", LEGEND, "", _md(_grid(tables, device, _label).reset_index())]
+        out += [f"### Notes: {shown}", "", *([f"- {md_text(n)}" for n in _notes(tables, device)] or ["None."]), ""]
+        out += [f"### Environment: {shown}", "", _md(_environment(tables, device).rename_axis("").reset_index())]
+    out += ["## Bug legend", "", _md(_bugs(tables))]
     out += ["## Details", "", *_details_md(tables.cells), "## Skipped input lines", ""]
-    out += [f"- `{line}`" for line in tables.skipped] or ["None."]
+    out += [f"- {md_text(line)}" for line in tables.skipped] or ["None."]
     out += ["", "## Verdict rules (first match wins)", "", _md(_rules())]
     return "\n".join(out).rstrip() + "\n"
 
@@ -204,26 +220,32 @@ class _Section:
 
 def _styled(frame: pd.DataFrame, *, table_class: str, classes: pd.DataFrame | None = None,
             titles: pd.DataFrame | None = None, escape: bool = True, index: bool = True) -> str:
+    """Heads are always escaped, cells unless ``escape=False`` (already HTML), hover titles
+    always (Styler writes them into the attribute as given)."""
     frame = frame.rename_axis(columns=None)
     styler = frame.style.format(escape="html" if escape else None)
+    styler = styler.format_index(escape="html", axis=0).format_index(escape="html", axis=1)
     if not index:
         styler = styler.hide(axis="index")
     if classes is not None:
         styler = styler.set_td_classes(classes)
     if titles is not None:
-        styler = styler.set_tooltips(titles, as_title_attribute=True)
-    return styler.to_html(table_attributes=f'class="{table_class}"')
+        styler = styler.set_tooltips(titles.map(lambda t: html.escape(str(t), quote=True)), as_title_attribute=True)
+    return _EMPTY_STYLE.sub("", styler.to_html(table_attributes=f'class="{table_class}"'), count=1)
+
+
+_EMPTY_STYLE = re.compile(r'\A<style type="text/css">\s*</style>\s*')  # Styler's; the page's CSP allows its own only
 
 
 def _heatmap(tables: ReportTables, device: str) -> str:
-    links = _grid(tables, device, lambda r: f'<a href="#{anchor(r)}">{html.escape(_label(r))}</a>')
+    links = _grid(tables, device, lambda r: f'<a href="#{html.escape(anchor(r))}">{html.escape(_label(r))}</a>')
     classes = _grid(tables, device, lambda r: css("v", r["verdict"]))
     return _styled(links, table_class="heatmap", classes=classes, titles=_grid(tables, device, _title), escape=False)
 
 
 def _details_html(cells: pd.DataFrame) -> str:
     details = _details(cells)
-    shown = details.assign(scenario=[f'<span id="{anchor(r)}">{html.escape(r["scenario"])}</span>'
+    shown = details.assign(scenario=[f'<span id="{html.escape(anchor(r))}">{html.escape(r["scenario"])}</span>'
                                      for r in details.to_dict("records")])
     for col in shown.columns.drop("scenario"):
         shown[col] = [html.escape(str(v)) for v in shown[col]]
@@ -232,7 +254,8 @@ def _details_html(cells: pd.DataFrame) -> str:
 
 
 def render_html(tables: ReportTables) -> str:
-    """A self-contained page: inline CSS, no scripts, no external assets."""
+    """A self-contained page: inline CSS, no scripts, no external assets; its
+    Content-Security-Policy allows that stylesheet (by hash) and nothing else."""
     from jinja2 import Environment, FileSystemLoader, select_autoescape
 
     sections = []
@@ -245,13 +268,15 @@ def render_html(tables: ReportTables) -> str:
         if not grid.empty:
             body += _styled(grid, table_class="patches", classes=grid.map(lambda s: css("p", s)),
                             titles=_patch_grid(tables, device, "detail").map(lambda d: d.replace("; ", "\n")))
-        sections.append(_Section(title=f"What to do with each patch: {device}", anchor=f"patches-{device}", html=body))
+        sections.append(_Section(title=f"What to do with each patch: {device}", anchor=safe_id(f"patches-{device}"), html=body))
     for device in tables.devices:
-        sections.append(_Section(title=f"Scenario × torch: {device}", anchor=f"verdicts-{device}",
+        sections.append(_Section(title=f"Scenario × torch: {device}", anchor=safe_id(f"verdicts-{device}"),
                                  html=f'<p class="legend">{html.escape(LEGEND)}</p>' + _heatmap(tables, device),
                                  notes=_notes(tables, device)))
-        sections.append(_Section(title=f"Environment: {device}", anchor=f"environment-{device}",
+        sections.append(_Section(title=f"Environment: {device}", anchor=safe_id(f"environment-{device}"),
                                  html=_styled(_environment(tables, device), table_class="environment")))
+    sections.append(_Section(title="Bug legend", anchor="bugs", html=_styled(_bugs(tables), table_class="bugs",
+                                                                             index=False)))
     sections.append(_Section(title="Details", anchor="details", html=_details_html(tables.cells)))
     skipped = "".join(f"<li><code>{html.escape(line)}</code></li>" for line in tables.skipped)
     sections.append(_Section(title="Skipped input lines", anchor="skipped",
@@ -260,8 +285,9 @@ def render_html(tables: ReportTables) -> str:
                              html=_styled(_rules(), table_class="rules", index=False)))
     colors = [(css("v", v), c) for v, c in VERDICT_COLORS.items()] + [(css("p", s), c) for s, c in PATCH_COLORS.items()]
     env = Environment(loader=FileSystemLoader(Path(__file__).parent / "templates"), autoescape=select_autoescape())
+    style = env.get_template("report_style.html").render(colors=colors)
     return env.get_template("report.html").render(title=TITLE, header=_header(tables), sections=sections,
-                                                  colors=colors)
+                                                  style=style, csp=content_security_policy(styles=[style]))
 
 
 # --------------------------------------------------------------------------- files
@@ -273,8 +299,8 @@ def write_outputs(tables: ReportTables, out_dir: str | Path) -> dict[str, Path]:
     paths = {kind: out / name for kind, name in OUTPUT_NAMES.items()}
     paths["md"].write_text(render_markdown(tables), encoding="utf-8")
     paths["html"].write_text(render_html(tables), encoding="utf-8")
-    tables.cells.to_csv(paths["csv"], index=False, columns=list(LONG_COLUMNS))
-    tables.patches.to_csv(paths["patches_csv"], index=False)
+    write_report_csv(tables.cells, paths["csv"], columns=LONG_COLUMNS)
+    write_report_csv(tables.patches, paths["patches_csv"])
     return paths
 
 

@@ -23,6 +23,7 @@ import pandas as pd
 from packaging.version import InvalidVersion, Version
 
 from harness.results.record import Record, RecordError, load_records
+from harness.results.safe import module_label
 from harness.results.verdict import combine_patch_statuses, judge, patch_contributions
 from harness.vocabulary import PS_BROKEN, PS_NOT_RUN, VARIANTS, VERDICTS
 
@@ -133,8 +134,8 @@ def _cell_row(key: tuple[str, str, str, int], records: dict[str, Record | None])
         "public_api": next((r.api for r in present if r.api), "") or "",
         "bug_observable": all(r.bug_observable for r in present),
         "backend": first.backend if first else "", "torch_build": (first.env.get("torch_build") if first else "") or "",
-        "patches_module": next((r.patches_module_id or r.patches_module for r in present if r.variant != "vanilla"),
-                               ""),
+        "patches_module": next((module_label(r.patches_module_id or r.patches_module) for r in present
+                                if r.variant != "vanilla"), ""),
         "_contrib": patch_contributions(cell, records),
     }
     for v in VARIANTS:
@@ -283,7 +284,8 @@ def build_tables(paths: Sequence[str | Path]) -> ReportTables:
     latest = latest_records(records_frame(found))
     frame = _verdict_frame(latest)
     cells = frame.drop(columns="_contrib")
-    modules = sorted({r.patches_module_id or r.patches_module for r in latest["record"] if r.variant != "vanilla"})
+    modules = sorted({module_label(r.patches_module_id or r.patches_module) for r in latest["record"]
+                      if r.variant != "vanilla"})
     return ReportTables(
         cells=cells, patches=patch_summary(frame), deployed=deployed_summary(cells),
         environment=environment_table(latest), modules=modules, skipped=skipped, sources=[str(p) for p in paths],

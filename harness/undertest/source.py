@@ -2,7 +2,7 @@
 
 The harness process never imports the patches module (a module that hangs or crashes
 at import would take the harness with it; the workers import it under each cell's
-watchdog). Reading its source is enough to name it in the report (path, ``__version__``,
+watchdog). Reading its source is enough to name it in the report (name, ``__version__``,
 content hash), to list the patch names it provides, and to catch a typo in a scenario's
 ``patches=`` before anything starts.
 """
@@ -45,8 +45,11 @@ class PatchSource:
         return frozenset(patch_names_in(self.names))
 
     def describe(self) -> str:
+        """Name, version and content hash, as reports show it: a module given by path is named
+        by its file (or folder) name, never by where it lies on this machine."""
+        name = Path(self.spec).name if is_path(self.spec) else self.spec
         version = f" {self.version}" if self.version else ""
-        return f"{self.spec}{version} ({self.path}, sha256 {self.sha256[:12]})"
+        return f"{name}{version} (sha256 {self.sha256[:12]})"
 
 
 def patch_names_in(names: Iterable[str]) -> set[str]:
