@@ -90,6 +90,7 @@ def _parser() -> argparse.ArgumentParser:
     scen, cell = _scenario_options(), _cell_options()
 
     sub.add_parser("list", parents=[scen], help="list the scenarios").set_defaults(func=_cmd_list)
+    sub.add_parser("bugs", help="print the bug legend (Markdown)").set_defaults(func=_cmd_bugs)
 
     run = sub.add_parser("run", parents=[scen, cell], help="run scenario cells under torchrun and judge them")
     run.add_argument("--scenario", action="append", default=[], help="scenario name (repeatable; default: all)")
@@ -148,6 +149,13 @@ def parse_mapping(items: list[str]) -> dict[str, str]:
 
 
 # --------------------------------------------------------------------------- commands
+
+
+def _cmd_bugs(args: argparse.Namespace) -> int:
+    from harness.bugs import legend_markdown
+
+    print(legend_markdown(), end="")
+    return 0
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
