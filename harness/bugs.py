@@ -8,6 +8,7 @@ README's legend table and the report's legend section are both made from ``BUGS`
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 __all__ = ["BUGS", "Bug", "bug_for_scenario", "legend_markdown", "legend_rows"]
@@ -109,10 +110,16 @@ def bug_for_scenario(scenario: str) -> Bug | None:
     return next((b for b in BUGS if b.letter == m.group(1).upper()), None)
 
 
-def legend_rows() -> list[dict[str, str]]:
-    """The legend as rows (the report's data)."""
-    return [{"bug": b.letter, "name": b.name, "symptom": b.symptom, "upstream": b.upstream,
+def legend_rows(scenarios: Iterable[str] | None = None) -> list[dict[str, str]]:
+    """The legend as rows (the report's data); given the scenarios of a report, each row
+    also names those of its bug ("scenarios in this report")."""
+    rows = [{"bug": b.letter, "name": b.name, "symptom": b.symptom, "upstream": b.upstream,
              "affected torch": b.affected, "patch": b.patch or "—", "public API": b.api or "—"} for b in BUGS]
+    if scenarios is not None:
+        here = sorted(set(scenarios))
+        for row, bug in zip(rows, BUGS, strict=True):
+            row["scenarios in this report"] = ", ".join(s for s in here if bug_for_scenario(s) is bug) or "—"
+    return rows
 
 
 def legend_markdown() -> str:

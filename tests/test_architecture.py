@@ -77,3 +77,33 @@ def test_results_and_scenario_scan_need_no_torch():
         names = {a.name for n in top_level if isinstance(n, ast.Import) for a in n.names}
         names |= {n.module for n in top_level if isinstance(n, ast.ImportFrom) and n.module}
         assert not {n for n in names if n.split(".")[0] == "torch"}, f"{path.name} imports torch at module level"
+
+
+#: the folders in the order data flows through a run
+FLOW = ("scenario", "undertest", "envs", "plan", "launch", "process", "rank", "train", "results", "repro")
+
+
+def tree_markdown() -> str:
+    """harness/ as the README shows it: each folder, its role (its ``__init__``'s line) and modules;
+    then the top-level modules. ``python tests/test_architecture.py`` prints it."""
+    lines = ["```text", "harness/"]
+    folders = [p for p in HARNESS.iterdir() if (p / "__init__.py").is_file()]
+    for folder in sorted(folders, key=lambda p: (FLOW.index(p.name) if p.name in FLOW else len(FLOW), p.name)):
+        role = ast.get_docstring(ast.parse((folder / "__init__.py").read_text())).splitlines()[0]
+        modules = sorted(p.stem for p in folder.glob("*.py") if p.name != "__init__.py")
+        lines += [f"  {folder.name + '/':<12} {role}", f"  {'':<12}   {', '.join(modules)}"]
+    top = sorted(p.stem for p in HARNESS.glob("*.py") if not p.name.startswith("__"))
+    lines += [f"  {'(top)':<12} {', '.join(top)}", "```"]
+    return "\n".join(lines) + "\n"
+
+
+def test_readme_shows_the_tree():
+    import re
+
+    m = re.search(r"<!-- tree:start -->\n(.*?)<!-- tree:end -->", (ROOT / "README.md").read_text(), re.S)
+    assert m, "README.md has no tree block"
+    assert m.group(1) == tree_markdown(), "README's tree is stale: paste `python tests/test_architecture.py` into it"
+
+
+if __name__ == "__main__":
+    print(tree_markdown(), end="")

@@ -10,6 +10,7 @@ torch's own objects back), then restores the snapshot whatever happened. Real FS
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import sys
 import types
@@ -112,7 +113,7 @@ def test_public_api() -> None:
     assert (clip_grad_norm_, get_total_grad_norm, scale_grads_) == (
         fsdp_patches.clip_grad_norm_, fsdp_patches.get_total_grad_norm, fsdp_patches.scale_grads_)
     result = PatchResult(name="x", status="installed", reason="r")
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         result.status = "other"  # type: ignore[misc]
     assert result.undo() == []  # nothing of "x" was installed
 

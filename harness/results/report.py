@@ -19,10 +19,11 @@ from pathlib import Path
 
 import pandas as pd
 
+from harness.bugs import legend_rows
 from harness.results.decisions import deployed_line, lifecycle, version_ranges
 from harness.results.safe import content_security_policy, md_text, read_report_csv, safe_id, write_report_csv
 from harness.results.tables import LONG_COLUMNS, ReportTables, build_tables, verdict_counts
-from harness.results.verdict import VERDICT_RULES
+from harness.results.verdict import rule_rows
 from harness.vocabulary import VARIANTS, VERDICTS
 
 __all__ = ["OUTPUT_NAMES", "SHORT", "VERDICT_COLORS", "build_report", "read_report_csv", "render_html",
@@ -128,21 +129,6 @@ def _environment(tables: ReportTables, device: str) -> pd.DataFrame:
     return env.drop(columns="device").T.reindex(columns=tables.versions(device)).fillna("")
 
 
-def _rules() -> pd.DataFrame:
-    return pd.DataFrame([[r.number, r.kind, r.vanilla, r.patched, r.deployed, r.api, r.verdict, r.meaning]
-                         for r in VERDICT_RULES],
-                        columns=["#", "kind", "vanilla", "patched", "deployed", "api", "verdict", "meaning"])
-
-
-def _bugs(tables: ReportTables) -> pd.DataFrame:
-    """The bug legend (``harness.bugs``), with the scenarios of each bug that this report holds."""
-    from harness.bugs import BUGS, bug_for_scenario, legend_rows
-
-    here = sorted(set(tables.cells["scenario"])) if len(tables.cells) else []
-    shown = [", ".join(s for s in here if bug_for_scenario(s) is bug) or "—" for bug in BUGS]
-    return pd.DataFrame(legend_rows()).assign(**{"scenarios in this report": shown})
-
-
 def _header(tables: ReportTables) -> list[str]:
     counts = ", ".join(f"{n} {v}" for v, n in verdict_counts(tables.cells))
     machines = sorted({m for m in tables.environment["machine"] if m} | {h for h in tables.environment["host"] if h})
@@ -200,10 +186,10 @@ def render_markdown(tables: ReportTables) -> str:
         out += [f"## Scenario × torch: {shown}", "", LEGEND, "", _md(_grid(tables, device, _label).reset_index())]
         out += [f"### Notes: {shown}", "", *([f"- {md_text(n)}" for n in _notes(tables, device)] or ["None."]), ""]
         out += [f"### Environment: {shown}", "", _md(_environment(tables, device).rename_axis("").reset_index())]
-    out += ["## Bug legend", "", _md(_bugs(tables))]
+    out += ["## Bug legend", "", _md(pd.DataFrame(legend_rows(tables.cells["scenario"])))]
     out += ["## Details", "", *_details_md(tables.cells), "## Skipped input lines", ""]
     out += [f"- {md_text(line)}" for line in tables.skipped] or ["None."]
-    out += ["", "## Verdict rules (first match wins)", "", _md(_rules())]
+    out += ["", "## Verdict rules (first match wins)", "", _md(pd.DataFrame(rule_rows()))]
     return "\n".join(out).rstrip() + "\n"
 
 
@@ -275,14 +261,14 @@ def render_html(tables: ReportTables) -> str:
                                  notes=_notes(tables, device)))
         sections.append(_Section(title=f"Environment: {device}", anchor=safe_id(f"environment-{device}"),
                                  html=_styled(_environment(tables, device), table_class="environment")))
-    sections.append(_Section(title="Bug legend", anchor="bugs", html=_styled(_bugs(tables), table_class="bugs",
-                                                                             index=False)))
+    bugs = _styled(pd.DataFrame(legend_rows(tables.cells["scenario"])), table_class="bugs", index=False)
+    sections.append(_Section(title="Bug legend", anchor="bugs", html=bugs))
     sections.append(_Section(title="Details", anchor="details", html=_details_html(tables.cells)))
     skipped = "".join(f"<li><code>{html.escape(line)}</code></li>" for line in tables.skipped)
     sections.append(_Section(title="Skipped input lines", anchor="skipped",
                              html=f'<ul class="skipped">{skipped}</ul>' if skipped else "<p>None.</p>"))
     sections.append(_Section(title="Verdict rules (first match wins)", anchor="rules",
-                             html=_styled(_rules(), table_class="rules", index=False)))
+                             html=_styled(pd.DataFrame(rule_rows()), table_class="rules", index=False)))
     colors = [(css("v", v), c) for v, c in VERDICT_COLORS.items()] + [(css("p", s), c) for s, c in PATCH_COLORS.items()]
     env = Environment(loader=FileSystemLoader(Path(__file__).parent / "templates"), autoescape=select_autoescape())
     style = env.get_template("report_style.html").render(colors=colors)

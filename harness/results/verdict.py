@@ -67,6 +67,7 @@ __all__ = [
     "match_rule",
     "outcome",
     "patch_contributions",
+    "rule_rows",
     "unexpected_notes",
 ]
 
@@ -258,3 +259,9 @@ def combine_patch_statuses(statuses: Iterable[str]) -> str:
     """The strongest status, in the order of ``PATCH_STATUSES``."""
     present = set(statuses)
     return next((s for s in PATCH_STATUSES if s in present), PS_NOT_RUN)
+
+
+def rule_rows() -> list[dict[str, object]]:
+    """The verdict rules as table rows, in the order they are tried (the report's last table)."""
+    return [{"#": r.number, "kind": r.kind, "vanilla": r.vanilla, "patched": r.patched, "deployed": r.deployed,
+             "api": r.api, "verdict": r.verdict, "meaning": r.meaning} for r in VERDICT_RULES]
