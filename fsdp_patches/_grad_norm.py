@@ -22,6 +22,7 @@ from ._grad_tensors import (
     as_param_list,
     group_by_device_and_dtype,
     is_dtensor,
+    is_shard_placement,
     local_data,
     use_foreach,
 )
@@ -34,16 +35,20 @@ _PARTIAL_OPS = {"sum": "sum", "avg": "sum", "max": "max", "min": "min"}
 def _materialize_partial_dims(grad: Any) -> tuple[torch.Tensor, list[int]]:
     """Return (local tensor with Partial mesh dims reduced, mesh dims to reduce norms over).
 
-    Norms are summed (or maxed) over Shard dims only: a Replicate dim holds copies and
-    must not be counted twice. A Partial dim holds unreduced summands whose norms do not
-    add up, so the local tensor is first all-reduced over it (which makes it Replicate).
+    Norms are summed (or maxed) over Shard dims only (``_StridedShard`` included: FSDP2
+    over an expert- or tensor-parallel dim): a Replicate dim holds copies and must not be
+    counted twice. A Partial dim holds unreduced summands whose norms do not add up, so the
+    local tensor is first all-reduced over it (which makes it Replicate). Any other
+    placement raises rather than being counted as a copy.
     """
     mesh = grad.device_mesh
     local = grad.to_local()
     reduce_dims: list[int] = []
     for mesh_dim, placement in enumerate(grad.placements):
-        if placement.is_shard():
+        if is_shard_placement(placement):
             reduce_dims.append(mesh_dim)
+        elif placement.is_replicate():
+            continue
         elif placement.is_partial():
             op = getattr(placement, "reduce_op", None)
             if type(placement) is not Partial or op not in _PARTIAL_OPS:
@@ -54,6 +59,8 @@ def _materialize_partial_dims(grad: Any) -> tuple[torch.Tensor, list[int]]:
             local = all_reduce(local, _PARTIAL_OPS[op], dim_group, mesh.device_type)
             if op == "avg":
                 local = local / mesh.size(mesh_dim)
+        else:
+            raise NotImplementedError(f"gradient norm of a DTensor with placement {placement!r} is not supported")
     return local, reduce_dims
 
 

@@ -16,16 +16,21 @@ __all__ = [
     "as_param_list",
     "group_by_device_and_dtype",
     "is_dtensor",
+    "is_shard_placement",
     "local_data",
     "use_foreach",
 ]
 
 if torch.distributed.is_available():
     from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor import placement_types as _placement_types
     from torch.distributed.tensor.placement_types import Partial
+
+    _StridedShard = getattr(_placement_types, "_StridedShard", None)
 else:  # a torch build without torch.distributed: every grad is a plain tensor
     DTensor = None  # type: ignore[assignment,misc]
     Partial = None  # type: ignore[assignment,misc]
+    _StridedShard = None
 
 TensorOrTensors = torch.Tensor | Iterable[torch.Tensor]
 
@@ -46,6 +51,17 @@ def as_param_list(parameters: TensorOrTensors) -> list[torch.Tensor]:
 
 def is_dtensor(t: torch.Tensor) -> bool:
     return DTensor is not None and isinstance(t, DTensor)
+
+
+def is_shard_placement(placement: object) -> bool:
+    """Whether a mesh dim's placement splits the tensor over that dim's ranks (each rank holds
+    different elements): ``Shard``, or ``_StridedShard``, which FSDP2 places on its mesh dim
+    when it shards a parameter that is already sharded on the same tensor dim by tensor or
+    expert parallelism. From torch 2.10 ``_StridedShard`` is no longer a ``Shard`` subclass
+    and its ``is_shard()`` is False, so ``is_shard()`` alone misses it."""
+    if placement.is_shard():  # type: ignore[attr-defined]
+        return True
+    return _StridedShard is not None and isinstance(placement, _StridedShard)
 
 
 def local_data(t: torch.Tensor) -> torch.Tensor:

@@ -158,6 +158,20 @@ def test_scale_grads(scaler):
             torch.testing.assert_close(p.grad, g * 0.25)
 
 
+def test_strided_shard_is_a_sharded_placement():
+    """FSDP2 over an expert- or tensor-parallel dim places ``_StridedShard`` (bug J); its rows
+    differ across the dim's ranks, so norms are reduced over it, as over ``Shard``."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.placement_types import Partial, _StridedShard
+
+    from fsdp_patches._grad_tensors import is_shard_placement
+
+    assert is_shard_placement(_StridedShard(0, split_factor=2))
+    assert is_shard_placement(Shard(1))
+    assert not is_shard_placement(Replicate())
+    assert not is_shard_placement(Partial())
+
+
 def test_scale_grads_rejects_non_scalar():
     params = _params([(2,)])
     with pytest.raises(ValueError, match="0-dim"):
@@ -270,6 +284,30 @@ def _worker(out_dir: str) -> None:
     scale_grads_(params, 2.0)
     res["scale_err"] = max((a - 0.5 * b).abs().max().item() for a, b in zip(clipped_full(), full))
 
+    # Bug J: grads on two meshes. Expert grads on a ("dp", "ep") mesh, placed as FSDP2 places
+    # a parameter it shards over "dp" that expert parallel already sharded on the same dim
+    # (_StridedShard on "dp"; not a Shard subclass from torch 2.10), beside dense grads on
+    # the "dp" sub-mesh. Each rank holds different expert rows, so the norm must sum over "dp".
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    ep_mesh = init_device_mesh("cpu", (world, 1), mesh_dim_names=("dp", "ep"))
+    gen = torch.Generator().manual_seed(7)
+    experts_full, dense_full = torch.randn(2 * world, 3, 5, generator=gen), torch.randn(2 * world, 4, generator=gen)
+    rows = slice(2 * rank, 2 * rank + 2)
+    experts = DTensor.from_local(experts_full[rows].clone(), ep_mesh, (_StridedShard(0, split_factor=2), Shard(0)),
+                                 run_check=False)
+    dense = DTensor.from_local(dense_full[rows].clone(), ep_mesh["dp"], (Shard(0),), run_check=False)
+    two_meshes = [torch.nn.Parameter(torch.zeros(t.shape)) for t in (experts, dense)]
+    for p, g in zip(two_meshes, (experts, dense)):
+        p.grad = g
+    res["two_meshes_placements"] = [type(pl).__name__ for pl in experts.placements]
+    for norm_type in (2.0, math.inf):
+        expected = _concat_norm([experts_full, dense_full], norm_type)  # the ranks' rows make up the whole
+        total = float(get_total_grad_norm(two_meshes, norm_type))
+        res[f"two_meshes_{norm_type}"] = {"total": total, "expected": expected,
+                                          "local": _concat_norm([experts_full[rows], dense_full[rows]], norm_type)}
+
     # Bug H with torch's clip, last: it raises on rank 1 only and desyncs the ranks.
     restore()
     res["vanilla_H"] = error_text(lambda: torch.nn.utils.clip_grad_norm_(params, 0.05, math.inf))
@@ -326,6 +364,19 @@ def test_multirank_cuda_gloo_simulation_of_bug_f(multirank):
             for foreach in (None, False):
                 _assert_close_record(res[f"sim_{norm_type}_{foreach}"])
     assert multirank[0]["gloo_2.0"]["total"] == multirank[1]["gloo_2.0"]["total"]
+
+
+@pytest.mark.slow
+def test_multirank_norm_over_grads_on_two_meshes(multirank):
+    """Bug J: a _StridedShard mesh dim is a sharded dim; the norm sums (maxes) over it."""
+    for res in multirank.values():
+        assert res["two_meshes_placements"] == ["_StridedShard", "Shard"]
+        for norm_type in (2.0, math.inf):
+            rec = res[f"two_meshes_{norm_type}"]
+            if norm_type == 2.0:  # the "dp" reduction matters (a rank's local max can be the max)
+                assert rec["local"] < rec["expected"] * 0.99
+            assert rec["total"] == pytest.approx(rec["expected"], rel=1e-6)
+    assert multirank[0]["two_meshes_2.0"]["total"] == multirank[1]["two_meshes_2.0"]["total"]
 
 
 @pytest.mark.slow
