@@ -190,17 +190,18 @@ def chaos(session: nox.Session) -> None:
     session.run("python", "tests/chaos.py", *session.posargs, env={"PYTHONPATH": str(ROOT)})
 
 
-#: mutants of the pre-2.13 code paths run on this torch (its matrix venv)
-MUTANT_OLD_TORCH = "2.12.1"
-
-
 @nox.session
 def mutants(session: nox.Session) -> None:
-    """Small realistic mistakes in copies of fsdp_patches, each run on its scenarios: table and kill ratio."""
+    """Small realistic mistakes in copies of fsdp_patches, each run on its scenarios: table and kill ratio.
+
+    Mutants of code paths for older torch releases run on that release (its matrix venv)."""
+    from tests.mutation import DEFAULT_TORCH, MUTANTS
+
     _install_project(session)
-    old = _torch_env(session, MUTANT_OLD_TORCH, "cpu")
-    session.run("python", "tests/mutation.py", "--python-for", f"{MUTANT_OLD_TORCH}={old}", *session.posargs,
-                env={"PYTHONPATH": str(ROOT)})
+    pythons = []
+    for torch in sorted({m.torch for m in MUTANTS} - {DEFAULT_TORCH}):
+        pythons += ["--python-for", f"{torch}={_torch_env(session, torch, 'cpu')}"]
+    session.run("python", "tests/mutation.py", *pythons, *session.posargs, env={"PYTHONPATH": str(ROOT)})
 
 
 @nox.session

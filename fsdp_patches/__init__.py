@@ -13,6 +13,8 @@ the bug is fixed natively.
 * ``patch_fsdp_restore_unused_param_grads`` (bug E): no rank used a parameter.
 * ``patch_fsdp_late_unfreeze_reduce_dtype`` (bug I): a unit frozen in its first forward,
   unfrozen later, under mixed precision.
+* ``patch_fsdp_gloo_reduce_scatter_avg`` (bug M): gloo sums FSDP2's AVG reduce-scatter
+  (torch < 2.9, CPU).
 * ``patch_fsdp_shard_by_dtype`` (bug K): parameters of several dtypes in one unit; it
   wraps ``torch.distributed.fsdp.fully_shard`` with ``fully_shard_by_dtype``, also exported.
 
@@ -34,6 +36,7 @@ from collections.abc import Callable
 from ._wrapping import PatchResult, undo_all
 from .accumulated_grad import patch_fsdp_accumulated_grad_guard
 from .by_dtype import fully_shard_by_dtype, patch_fsdp_shard_by_dtype
+from .gloo_avg import patch_fsdp_gloo_reduce_scatter_avg
 from .grads import clip_grad_norm_, get_total_grad_norm, scale_grads_
 from .reduce_dtype import patch_fsdp_uniform_reduce_dtype
 from .unfreeze import patch_fsdp_late_unfreeze_reduce_dtype
@@ -50,6 +53,7 @@ __all__ = [
     "fully_shard_by_dtype",
     "get_total_grad_norm",
     "patch_fsdp_accumulated_grad_guard",
+    "patch_fsdp_gloo_reduce_scatter_avg",
     "patch_fsdp_late_unfreeze_reduce_dtype",
     "patch_fsdp_restore_unused_param_grads",
     "patch_fsdp_shard_by_dtype",
@@ -67,6 +71,7 @@ PATCHES: dict[str, Callable[[], PatchResult]] = {
     "restore_unused_param_grads": patch_fsdp_restore_unused_param_grads,
     "shard_by_dtype": patch_fsdp_shard_by_dtype,
     "late_unfreeze_reduce_dtype": patch_fsdp_late_unfreeze_reduce_dtype,
+    "gloo_reduce_scatter_avg": patch_fsdp_gloo_reduce_scatter_avg,
 }
 
 

@@ -97,7 +97,8 @@ BUGS: tuple[Bug, ...] = (
     Bug(letter="M", name="gloo computes FSDP2's AVG reduce-scatter as a sum",
         symptom="silent: grads world-size times too large on CPU/gloo",
         upstream="pytorch/pytorch#162338", affected="2.7 – 2.8 (CPU/gloo only)",
-        api="FSDPModule.set_force_sum_reduction_for_comms (2.8)", scenarios=("gloo_avg_reduce_scatter",)),
+        patch="gloo_reduce_scatter_avg", api="FSDPModule.set_force_sum_reduction_for_comms (2.8)",
+        scenarios=("gloo_avg_reduce_scatter",)),
 )
 
 

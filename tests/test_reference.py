@@ -80,7 +80,7 @@ def test_reference_never_touches_torch_distributed():
         assert not dist.is_initialized()
         print("ran", n)
     ''')
-    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
     assert int(out.stdout.split()[-1]) >= 10
 

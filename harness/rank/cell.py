@@ -236,7 +236,9 @@ def _skip_reason(cell: Cell, scenario: Scenario) -> str | None:
 
 
 def _judge(scenario: Scenario, observed: list[StepTensors], cell: Cell) -> dict[str, Any]:
-    quirks = quirks_for(torch_version=torch.__version__, backend=cell.backend, sharding=scenario.sharding) if scenario.reference_quirks else []
+    sums = observed[0].reduction_sums if observed else None
+    quirks = quirks_for(torch_version=torch.__version__, backend=cell.backend, sharding=scenario.sharding,
+                        reduction_sums=sums) if scenario.reference_quirks else []
     result = compare.compare_runs(observed, run_reference(scenario, cell.world_size, quirks=quirks))
     fields = {**result.as_record_fields(), "reference_quirks": quirks, "status": "pass" if result.ok else "mismatch"}
     if result.reference_nonfinite:

@@ -97,7 +97,9 @@ def main():
         os._exit(1)
     code = 0
     if rank == 0:
-        quirks = quirks_for(torch_version=torch.__version__, backend=cell.backend, sharding=scenario.sharding) if scenario.reference_quirks else []
+        quirks = quirks_for(torch_version=torch.__version__, backend=cell.backend, sharding=scenario.sharding,
+                            reduction_sums=observed[0].reduction_sums if observed else None) \
+            if scenario.reference_quirks else []
         reference = run_reference(scenario, world, quirks=quirks)
         result = compare_runs(observed, reference)
         print(f"OBSERVED: {'pass' if result.ok else 'mismatch'} against the single-process reference")

@@ -41,10 +41,42 @@ def train(scenario: Scenario, cell: Cell, utilities: dict[str, Any], rank: int, 
     stamp("build model")
     mesh = init_device_mesh(cell.device, tuple(cell.mesh), mesh_dim_names=scenario.sharding.mesh_dim_names(world))
     _all_connected(device)
+    sums = None
+    if scenario.reference_quirks and "gloo" in cell.backend and "nccl" not in cell.backend:
+        stamp("measure the reduction")
+        sums = reduction_sums(_shard_mesh(mesh), device)
     api = scenario.api if cell.variant == "api" else None
     model = build_model(scenario, mesh, cell.device, api=api)
     side = FsdpSide(scenario, cell, model, mesh, device, utilities, rank=rank, world=world, stamp=stamp)
-    return recipe.train(scenario, side, side.named)
+    observed = recipe.train(scenario, side, side.named)
+    if observed:
+        observed[0].reduction_sums = sums
+    return observed
+
+
+def _shard_mesh(mesh: DeviceMesh) -> DeviceMesh:
+    """The 1-D mesh FSDP2 reduce-scatters over: the mesh itself, or its "shard" / "dp" dim."""
+    names = mesh.mesh_dim_names or ()
+    if mesh.ndim == 1:
+        return mesh
+    return mesh["shard"] if "shard" in names else mesh["dp"]
+
+
+def reduction_sums(mesh: DeviceMesh, device: torch.device) -> bool:
+    """Whether FSDP2's gradient reduction over ``mesh`` sums where it should average, as
+    measured with the patch set in force: a one-layer model whose grad is 1 on every rank
+    comes back as the shard group's size instead of 1 (gloo computes FSDP2's ReduceOp.AVG
+    reduce-scatter as a sum before torch 2.9, unless a patch makes FSDP2 sum and divide
+    itself). The reference models the sum only where this says so."""
+    if mesh.size() == 1:
+        return False
+    probe = nn.Linear(1, 2 * mesh.size(), bias=False, device=device)  # two rows of the weight per rank
+    nn.init.ones_(probe.weight)
+    fsdp_public.fully_shard(probe, mesh=mesh)
+    probe(torch.ones(1, 1, device=device)).sum().backward()
+    local = probe.weight.grad.to_local()
+    assert local.numel() > 0, "every rank holds a shard of the probe"
+    return bool(torch.allclose(local, torch.full_like(local, float(mesh.size()))))
 
 
 def _all_connected(device: torch.device) -> None:

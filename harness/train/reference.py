@@ -46,12 +46,18 @@ PER_USE_UPCAST = ("first no-sync micro-batch upcasts each use of a parameter to 
                   "the reference accumulates those uses through grad_dtype too")
 
 
-def quirks_for(*, torch_version: str, backend: str, sharding: Sharding | None = None) -> list[str]:
-    """The backend and version quirks that apply to a cell (``GLOO_AVG_SUMS``, ``PER_USE_UPCAST``)."""
+def quirks_for(*, torch_version: str, backend: str, sharding: Sharding | None = None,
+               reduction_sums: bool | None = None) -> list[str]:
+    """The backend and version quirks that apply to a cell (``GLOO_AVG_SUMS``, ``PER_USE_UPCAST``).
+
+    ``reduction_sums``: what the cell measured (``harness.train.fsdp.reduction_sums``, with
+    its patch set installed: a patch that makes FSDP2 sum and divide itself removes the
+    quirk); None: judged by torch version and backend alone."""
     from packaging.version import Version
 
     quirks = []
-    if "gloo" in backend and "nccl" not in backend and torch_release(torch_version) < Version("2.9"):
+    gloo = "gloo" in backend and "nccl" not in backend
+    if gloo and (torch_release(torch_version) < Version("2.9") if reduction_sums is None else reduction_sums):
         quirks.append(GLOO_AVG_SUMS)
     if sharding is not None and _wider_reduce(sharding) and torch_release(torch_version) >= Version("2.15"):
         quirks.append(PER_USE_UPCAST)

@@ -27,3 +27,7 @@ class StepTensors:
     clipped: dict[str, torch.Tensor | None] = field(default_factory=dict)
     params: dict[str, torch.Tensor] = field(default_factory=dict)
     opt_state: dict[str, bool] = field(default_factory=dict)
+    #: measured before training (FSDP2 side, first step only): whether FSDP2's reduction
+    #: over the shard group summed where it should average (``harness.train.fsdp.reduction_sums``);
+    #: None where not measured
+    reduction_sums: bool | None = None
