@@ -7,6 +7,7 @@
     nox -s bench                       # launch amortization benchmark
     nox -s mutants                     # mutants of fsdp_patches: does some scenario catch each one?
     nox -s chaos                       # fault-injection soak of the launcher
+    nox -s shuffle                     # the CPU set in planned and shuffled order: no verdict may change
     nox -s lint
     nox --json -l                      # session list for CI job matrices
 """
@@ -174,6 +175,30 @@ def gpu_smoke(session: nox.Session) -> None:
     for name in GPU_SMOKE:
         args += ["--scenario", name]
     session.run(sys.executable, "-m", "harness", "run", *args, env={"PYTHONPATH": str(ROOT)}, external=True)
+
+
+@nox.session
+def shuffle(session: nox.Session) -> None:
+    """Order independence: the default CPU scenario set on this session's torch, in the planned
+    order and in a shuffled one; exit 1 when any verdict differs. nox -s shuffle [-- SEED]
+    (default: a new seed each time, printed; the same seed gives the same order)."""
+    import random
+
+    _install_project(session, "hf")
+    session.install("pandas", "tabulate", "jinja2")
+    seed = session.posargs[0] if session.posargs else str(random.randrange(2**31))
+    folder = ROOT / "runs" / "shuffle"
+    folder.mkdir(parents=True, exist_ok=True)
+    runs = {"planned": [], "shuffled": ["--shuffle", seed]}
+    for name, extra in runs.items():
+        out = folder / f"{name}.jsonl"
+        out.unlink(missing_ok=True)  # records are appended
+        # exit 1 (a cell not as documented) is the diff's business, not this run's
+        session.run("python", "-m", "harness", "run", "--quiet", "--out", str(out), *extra, success_codes=[0, 1],
+                    env={"PYTHONPATH": str(ROOT)})
+    session.run("python", "-m", "harness", "diff", "--strict", str(folder / "planned.jsonl"),
+                str(folder / "shuffled.jsonl"), "--out", str(folder / f"diff-seed-{seed}.md"),
+                env={"PYTHONPATH": str(ROOT)})
 
 
 @nox.session

@@ -15,6 +15,7 @@ import math
 import shlex
 import signal
 import sys
+from functools import partial
 from pathlib import Path
 
 from harness import console
@@ -105,6 +106,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--launch-per", choices=["device", "world-size"], default="device",
                      help="one launch per device, smaller world sizes on slots of its ranks (default), "
                           "or one launch per device and world size")
+    run.add_argument("--shuffle", type=int, default=None, metavar="SEED",
+                     help="run the cells in a random order from SEED (the same seed, the same order; recorded as "
+                          "order_seed): an outcome that changes with the order depends on an earlier cell")
     run.add_argument("--dump", default=None, help="save each judged cell's observed tensors in this folder")
     run.add_argument("--expect-torch", default=None, metavar="X.Y.Z",
                      help="stop (exit 2) unless the installed torch is this release")
@@ -134,6 +138,8 @@ def _parser() -> argparse.ArgumentParser:
     df.add_argument("old", help="records (.jsonl file or folder) or a report's compat.csv")
     df.add_argument("new", help="records (.jsonl file or folder) or a report's compat.csv")
     df.add_argument("--out", default=None, metavar="FILE", help="also write the Markdown here")
+    df.add_argument("--strict", action="store_true",
+                    help="exit 1 on any verdict change, better or worse (e.g. a run against its --shuffle rerun)")
     df.set_defaults(func=_cmd_diff)
     return p
 
@@ -183,14 +189,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
         variants=args.variant or list(VARIANTS), patches=args.patches,
         patch_mapping=parse_mapping(args.patch_map), timeout_s=args.timeout, scenario_dirs=args.scenarios_dir,
         isolate=args.isolate, per=args.launch_per, dump=Path(args.dump) if args.dump else None,
-        expect_torch=args.expect_torch,
+        expect_torch=args.expect_torch, shuffle=args.shuffle,
         run_id=run_id, out=Path(args.out) if args.out else Path("runs") / f"{run_id}.jsonl",
         nnodes=args.nnodes, node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint,
     )
     progress = None if args.quiet else console.Progress()
     try:
         with _interruptible():  # while cells run, the launcher handles the signals itself
-            result = run(req, on_start=None if args.quiet else console.say_start, on_record=progress,
+            result = run(req, on_start=None if args.quiet else partial(console.say_start, shuffle=args.shuffle),
+                         on_record=progress,
                          on_load_error=lambda e: print(f"error: {e} (the scenario is recorded as an error and "
                                                        f"skipped)", file=sys.stderr, flush=True),
                          on_warning=lambda w: print(f"warning: {w}", file=sys.stderr, flush=True))
@@ -198,6 +205,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(f"interrupted by {signal.Signals(stop.signum).name} before any cell ran", flush=True)
         return 128 + stop.signum
     console.print_summary(result.records)
+    if args.shuffle is not None:
+        print(f"cells ran in a shuffled order (seed {args.shuffle}; the same order again: --shuffle {args.shuffle})",
+              flush=True)
     if result.signal is not None:
         name = signal.Signals(result.signal).name
         print(f"\ninterrupted by {name}: {len(result.records)} cells recorded, {len(result.not_run)} not run; "
@@ -229,6 +239,8 @@ def _cmd_diff(args: argparse.Namespace) -> int:
     print(text, end="")
     if args.out:
         Path(args.out).write_text(text)
+    if args.strict:
+        return EXIT_UNEXPECTED if result.verdict_changes else 0
     return EXIT_UNEXPECTED if result.got_worse else 0
 
 

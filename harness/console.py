@@ -10,8 +10,9 @@ from harness.results.record import Record
 __all__ = ["Progress", "print_summary", "say_start"]
 
 
-def say_start(n_cells: int, out: Path) -> None:
-    print(f"{n_cells} cells -> {out}", flush=True)
+def say_start(n_cells: int, out: Path, *, shuffle: int | None = None) -> None:
+    order = "" if shuffle is None else f" (shuffled order, seed {shuffle})"
+    print(f"{n_cells} cells -> {out}{order}", flush=True)
 
 
 class Progress:
@@ -21,6 +22,8 @@ class Progress:
     def __call__(self, rec: Record, total: int) -> None:
         self.n += 1
         flag = "" if rec.as_expected else f"  << UNEXPECTED (expected {'|'.join(rec.expected)})"
+        if rec.left_state:  # process-wide state the cell left changed (put back before the next cell)
+            flag += f"  [{'; '.join(rec.left_state)}]"
         detail = rec.exc_msg or rec.worst or rec.reason or ""
         label = f"{rec.scenario}[{rec.variant},{rec.device},w{rec.world_size}]"
         print(f"[{self.n}/{total}, {total - self.n} left, {time.time() - self.t0:5.1f}s] {label:<52} {rec.status:<8} "

@@ -8,8 +8,9 @@ files in a launch folder and torchrun's store. This module is everything they ag
 * the **files beside it**, all named ``<launch_id>.*`` in the launch folder: the log
   (what the ranks print), the **progress** file (one JSON line per cell start, with the
   global ranks that run it), and per rank a **phase** file (where the rank is now: the
-  launcher reads it after a kill to say where each rank was) and a **crash** file
-  (faulthandler's report when a fatal signal kills the rank);
+  launcher reads it after a kill to say where each rank was), a **crash** file
+  (faulthandler's report when a fatal signal kills the rank) and an **exit** file (the
+  exit code and phase when code under test ends the rank with ``os._exit``);
 * the **phase** vocabulary (``phase_key`` orders phases so a hang can be blamed on the
   rank that is behind);
 * the **store keys** through which the ranks of a cell agree on its outcome
@@ -34,12 +35,17 @@ __all__ = [
     "CellKeys",
     "LaunchPlan",
     "ProgressEvent",
+    "RankExit",
+    "install_phase",
     "mark_started",
     "parse_progress",
     "phase_key",
+    "phase_words",
+    "read_exit",
     "read_phase",
     "stage_done",
     "step_phase",
+    "write_exit",
     "write_phase",
 ]
 
@@ -68,6 +74,8 @@ class LaunchPlan:
     cells: list[Cell] = field(default_factory=list)
     #: the order and slots the cells run in (``harness.plan.placement``)
     stages: list[Stage] = field(default_factory=list)
+    #: the seed of the shuffled order (``run --shuffle``); None: the planned order
+    shuffle: int | None = None
 
     def cell(self, index: int) -> Cell:
         return next(c for c in self.cells if c.index == index)
@@ -94,6 +102,10 @@ class LaunchPlan:
     def crash_file(self, rank: int) -> Path:
         """Where a rank's faulthandler writes if a fatal signal (SIGABRT, SIGSEGV, ...) kills it."""
         return self._file(f"rank{rank}.crash")
+
+    def exit_file(self, rank: int) -> Path:
+        """Where a rank notes that code under test ended it (``write_exit``)."""
+        return self._file(f"rank{rank}.exit")
 
     def dump(self) -> Path:
         Path(self.folder).mkdir(parents=True, exist_ok=True)
@@ -144,6 +156,22 @@ SETUP_PHASES = ("import patches", "install patches", "init group", "build model"
 REFERENCE = "reference"
 
 
+def install_phase(patch: str) -> str:
+    """``install patches: <patch>``: the install of one patch of the set."""
+    return f"{SETUP_PHASES[1]}: {patch}"
+
+
+def phase_words(phase: str | None) -> str:
+    """A phase as the end of a sentence: ``during install of patch X``, ``between cells``."""
+    if not phase or phase == IDLE:
+        return "between cells"
+    if phase.startswith(f"{SETUP_PHASES[1]}: "):
+        return f"during install of patch {phase.split(': ', 1)[1]}"
+    if phase == SETUP_PHASES[0]:
+        return "during import of the patches module"
+    return f"during {phase!r}"
+
+
 def step_phase(step: int, what: str, micro_batch: int | None = None) -> str:
     """``step 0 micro-batch 1 backward``, ``step 2 clip``, ``step 2 gather snapshots``."""
     return f"step {step} micro-batch {micro_batch} {what}" if micro_batch is not None else f"step {step} {what}"
@@ -167,6 +195,8 @@ def phase_key(phase: str | None) -> tuple[Any, ...]:
         return (-1,)
     if phase in SETUP_PHASES:
         return (SETUP_PHASES.index(phase),)
+    if phase.startswith(f"{SETUP_PHASES[1]}: "):
+        return (SETUP_PHASES.index(SETUP_PHASES[1]),)
     if phase == REFERENCE:
         return (9,)
     words = phase.split()
@@ -176,6 +206,27 @@ def phase_key(phase: str | None) -> tuple[Any, ...]:
             return (5, step, int(words[3]), 1 if words[-1] == "backward" else 0)
         return (5, step, 10**6, tuple(words[2:]))
     return (8, phase)
+
+
+@dataclass(kw_only=True, frozen=True)
+class RankExit:
+    """Code under test ended a rank: its exit code, and the rank's phase then."""
+
+    code: int
+    phase: str | None
+
+
+def write_exit(path: Path, code: int, phase: str | None) -> None:
+    path.write_text(json.dumps({"code": code, "phase": phase, "t": time.time()}))
+
+
+def read_exit(path: Path) -> RankExit | None:
+    """The exit a rank noted, or None (none, or unreadable)."""
+    try:
+        data = json.loads(path.read_text())
+        return RankExit(code=int(data["code"]), phase=data.get("phase"))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
 
 
 # --------------------------------------------------------------------------- store keys

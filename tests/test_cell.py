@@ -163,6 +163,18 @@ def test_a_patches_module_that_cannot_load_is_an_install_error(make_run, tmp_pat
     assert rec.exc_msg == f"patch install error: p1: patches module file not found: {tmp_path / 'absent_patches.py'}"
 
 
+def test_a_patches_module_that_exits_at_import_is_named_not_recorded_as_0(make_run, tmp_path, monkeypatch):
+    monkeypatch.setattr(cell_mod, "PatchUndo", NoUndo)
+    quits = tmp_path / "quits_patches.py"
+    quits.write_text("import sys\n\nsys.exit(0)\n")
+    run = make_run(patches_module=str(quits))
+    cell = _cell(7, world_size=1, mesh=(1,), variant="patched", patches=("p1",), scenario_patches=("p1",))
+    assert run.run_cell(cell, slot_rank0=0, rank=0) is True
+    [rec] = _records(run)
+    assert (rec.status, rec.exc_type) == ("error", "PatchInstallError")
+    assert rec.exc_msg == "patch install error: p1: patches module exited at import (SystemExit 0)"
+
+
 def test_a_patch_set_whose_import_hangs_is_recorded_and_not_retried(make_run, monkeypatch):
     monkeypatch.setattr(cell_mod, "PatchUndo", NoUndo)
     run = make_run(patches_module=str(ROOT / "tests" / "fixtures" / "sleepy_import_patches.py"))

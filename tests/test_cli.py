@@ -32,6 +32,23 @@ def test_bad_input_is_one_line_and_exit_2(args, message):
     assert out.stderr.startswith(message)
 
 
+def test_an_out_path_that_cannot_be_written_is_one_line_and_exit_2(tmp_path):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    (tmp_path / "a_dir.jsonl").mkdir()
+    cases = {
+        "/proc/x/y.jsonl": "error: --out /proc/x/y.jsonl: cannot create the folder /proc/x: No such file or directory",
+        str(a_file / "y.jsonl"): f"error: --out {a_file / 'y.jsonl'}: cannot create the folder {a_file}: "
+                                 f"{a_file} is a file, not a folder",
+        str(a_file / "sub" / "y.jsonl"): f"error: --out {a_file / 'sub' / 'y.jsonl'}: cannot create the folder "
+                                         f"{a_file / 'sub'}: {a_file} is a file, not a folder",
+        str(tmp_path / "a_dir.jsonl"): f"error: --out {tmp_path / 'a_dir.jsonl'}: cannot write it: Is a directory",
+    }
+    for out, message in cases.items():
+        res = _cli("run", "--scenario", "plain", "--world-size", "1", "--variant", "vanilla", "--out", out, timeout=60)
+        assert (res.returncode, res.stderr.strip()) == (2, message)
+
+
 def test_list_shows_baseline_scenarios():
     out = _cli("list", timeout=60)
     assert out.returncode == 0

@@ -174,10 +174,16 @@ def test_a_rank_that_reported_before_dying_keeps_its_report(zygote):
     assert run.calls == [("judge", 2, None, {}, 0)]
 
 
-def test_an_exit_without_a_signal_posts_nothing(zygote):
+def test_an_exit_without_a_report_posts_the_exit_code_and_phase(zygote):
+    """The cell's process ended without a report or a signal (user code called ``os._exit``):
+    the worker posts that as a crash of the rank, naming the exit code and where it was."""
     z, run, _ = zygote
+    write_phase(run.plan.phase_file(0), "install patches: p1")
     assert z.run_cell(run, _cell(5), slot_rank0=0, rank=0, t0=time.time()) is True
-    assert _status(run, 5, 0) is None and run.calls == [("judge", 5, None, {}, 0)]
+    status = _status(run, 5, 0)
+    assert (status.exc_type, status.exc_msg) == ("ExitCode", "rank 0 exited with code 3 during install of patch p1")
+    assert run.calls == [("judge", 5, None, {}, 0)]
+    assert peers.blame([status], {}, 5.0)["status"] == "crash"
 
 
 def test_a_hung_cell_process_is_killed_at_its_deadline_and_the_zygote_serves_on(zygote, monkeypatch):

@@ -2,6 +2,7 @@
 every cell accounted for and no process left behind."""
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -210,3 +211,71 @@ def test_a_scenario_whose_package_is_missing_is_skipped_with_the_reason(tmp_path
     assert skipped.status == "skip" and skipped.as_expected
     assert "no_such_package_fsdp_compat" in skipped.reason and "json" not in skipped.reason
     assert by["fault_after"].status == "pass" and by["fault_after"].launch_id == skipped.launch_id
+
+
+_LEAKY_PATCHES = '''
+import os, subprocess, sys, threading, time
+
+DAEMON = "import os, sys, time\\nif os.fork():\\n    os._exit(0)\\nos.setsid()\\n" \\
+         "open(sys.argv[1], 'a').write(f'{os.getpid()}\\\\n')\\ntime.sleep(300)\\n"
+
+
+def patch_chaos_noop():
+    pids = os.path.join(os.environ["FSDP_COMPAT_TEST_PIDS"], f"{os.getpid()}.pids")  # one file per rank
+    sleeper = subprocess.Popen(["sleep", "300"])
+    with open(pids, "a") as f:
+        f.write(f"{sleeper.pid}\\n")
+    subprocess.Popen([sys.executable, "-c", DAEMON, pids]).wait()  # forks, leaves its session, is orphaned
+    deadline = time.time() + 30
+    while open(pids).read().count("\\n") < 2 and time.time() < deadline:  # the daemon noted its pid
+        time.sleep(0.05)
+    threading.Thread(target=time.sleep, args=(10**6,)).start()  # not a daemon thread
+'''
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_what_a_patch_starts_does_not_outlive_the_run(tmp_path):
+    """A patch starts a child, a daemon that leaves its session, and a thread that never ends:
+    the run ends in bounded time with its cells recorded, and neither process is left."""
+    patches, pids = tmp_path / "leaky_patches.py", tmp_path / "pids"
+    patches.write_text(_LEAKY_PATCHES)
+    pids.mkdir()
+    out = tmp_path / "r.jsonl"
+    t0 = time.time()
+    res = subprocess.run([sys.executable, "-m", "harness", "run", "--scenarios-dir", str(ROOT / "tests/fixtures/chaos"),
+                          "--scenario", "chaos_0", "--world-size", "1", "--world-size", "2", "--variant", "patched",
+                          "--patches", str(patches), "--timeout", "20", "--out", str(out), "--quiet"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "FSDP_COMPAT_TEST_PIDS": str(pids)})
+    wall = time.time() - t0
+    started = [int(x) for f in pids.iterdir() for x in f.read_text().split()]
+    left = [pid for pid in started if _alive(pid)]
+    for pid in left:  # nothing of this test stays behind, whatever the harness did
+        os.kill(pid, signal.SIGKILL)
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert res.returncode in (0, 1), res.stderr
+    assert sorted(r["world_size"] for r in records) == [1, 2] and {r["status"] for r in records} <= {"pass", "error"}
+    assert started and len(started) % 2 == 0  # per install: the sleep and the daemon
+    assert left == []
+    assert wall < 120
+
+
+@pytest.mark.parametrize("how", ["__import__('os')._exit(0)", "__import__('ctypes').CDLL(None).exit(0)"])
+def test_a_patch_that_ends_its_rank_names_the_rank_the_exit_code_and_the_phase(tmp_path, how):
+    """``os._exit`` is noted by the rank itself; a C-level ``exit`` is read from torchrun's
+    summary (every rank exited 0) and the rank's phase file."""
+    patches = tmp_path / "exiting_patches.py"
+    patches.write_text(f"def patch_chaos_noop():\n    {how}\n")
+    out = tmp_path / "r.jsonl"
+    subprocess.run([sys.executable, "-m", "harness", "run", "--scenarios-dir", str(ROOT / "tests/fixtures/chaos"),
+                    "--scenario", "chaos_0", "--world-size", "1", "--variant", "patched", "--patches", str(patches),
+                    "--timeout", "20", "--out", str(out), "--quiet"], cwd=ROOT, capture_output=True, timeout=300)
+    [rec] = [json.loads(line) for line in out.read_text().splitlines()]
+    assert (rec["status"], rec["exc_type"], rec["failing_rank"]) == ("crash", "ExitCode", 0)
+    assert rec["exc_msg"] == "rank 0 exited with code 0 during install of patch chaos_noop"

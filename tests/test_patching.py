@@ -57,3 +57,22 @@ def test_bad_module_specs_give_one_line(tmp_path):
     broken.write_text("raise ImportError('needs torch 3')\n")
     with pytest.raises(ValueError, match="failed to import: ImportError: needs torch 3"):
         load_patches_module(str(broken))
+
+
+def test_a_module_that_exits_at_import_is_named_as_such(tmp_path):
+    """``sys.exit(0)`` at import is not a message "0": it says the module exited, and how."""
+    quits = tmp_path / "quits.py"
+    quits.write_text("import sys\nsys.exit(0)\n")
+    with pytest.raises(ValueError) as err:
+        load_patches_module(str(quits))
+    assert str(err.value) == "patches module exited at import (SystemExit 0)"
+
+
+def test_a_patch_that_exits_at_install_is_an_install_error_and_the_others_install(tmp_path):
+    path = tmp_path / "exiting_patches.py"
+    path.write_text("import sys\ndef patch_quits():\n    sys.exit(3)\ndef patch_fsdp_good():\n    pass\n")
+    stamped = []
+    out = install_patches(load_patches_module(str(path)), ["quits", "good"], on_patch=stamped.append)
+    assert (out["quits"].status, out["quits"].reason) == ("error", "patch_quits exited at install (SystemExit 3)")
+    assert out["good"].status == "installed"
+    assert stamped == ["quits", "good"]  # each install announced before it runs (the rank's phase)

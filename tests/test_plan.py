@@ -121,3 +121,33 @@ def test_a_lone_scenario_still_uses_every_slot():
                        explicit_scenarios=False, deployed_patches=("p1",))
     (stage,) = stages(cells, 4)
     assert sorted(map(len, stage.slots)) == [1, 1, 1]
+
+
+def test_a_shuffled_order_is_seeded_and_keeps_what_keeps_a_launch_alive():
+    """``run --shuffle SEED``: the same seed, the same stages; another seed, another order
+    (patch sets interleaved); every cell once; cells that may end the process still last."""
+    from harness.spec import Expect
+
+    scenarios = [_s(f"s{i}", world_sizes=(1, 2), patches=("p1",)) for i in range(6)]
+    crashy = _s("crashy", world_sizes=(1,), expect=(Expect(status="crash"),))
+    cells = plan_cells([*scenarios, crashy], world_sizes=None, devices=["cpu"],
+                       variants=["vanilla", "patched", "deployed"], explicit_scenarios=False, deployed_patches=("p1",))
+
+    def order(plan):
+        return [[list(slot) for slot in s.slots] for s in plan]
+
+    planned = order(stages(cells, 2))
+    assert order(stages(cells, 2, shuffle=7)) == order(stages(cells, 2, shuffle=7))
+    assert order(stages(cells, 2, shuffle=7)) != planned
+    assert order(stages(cells, 2, shuffle=7)) != order(stages(cells, 2, shuffle=8))
+    interleaved = False
+    for seed in range(5):
+        plan = stages(cells, 2, shuffle=seed)
+        assert [s.world_size for s in plan] == [2, 1]
+        assert sorted(i for s in plan for slot in s.slots for i in slot) == [c.index for c in cells]
+        for slot in plan[1].slots:
+            if crashy.name in {cells[i].scenario for i in slot}:
+                assert cells[slot[-1]].scenario == "crashy"
+            variants = [cells[i].variant for i in slot]
+            interleaved |= variants != sorted(variants, key=lambda v: v != "vanilla")
+    assert interleaved  # the planned order keeps vanilla first in a slot; a shuffled one need not

@@ -16,12 +16,17 @@ from harness.protocol import (
     CellKeys,
     LaunchPlan,
     ProgressEvent,
+    RankExit,
+    install_phase,
     mark_started,
     parse_progress,
     phase_key,
+    phase_words,
+    read_exit,
     read_phase,
     stage_done,
     step_phase,
+    write_exit,
     write_phase,
 )
 
@@ -160,6 +165,27 @@ def test_phase_key_orders_a_cell_from_idle_to_reference():
     keys = [phase_key(p) for p in in_order]
     assert all(a < b for a, b in zip(keys, keys[1:])), [(p, k) for p, k in zip(in_order, keys)]
     assert sorted(reversed(in_order), key=phase_key) == in_order
+
+
+def test_one_patchs_install_is_an_install_phase_in_words_and_in_order():
+    phase = install_phase("uniform_reduce_dtype")
+    assert phase == "install patches: uniform_reduce_dtype"
+    assert phase_key(phase) == phase_key("install patches") < phase_key("init group")
+    assert phase_words(phase) == "during install of patch uniform_reduce_dtype"
+    assert phase_words("import patches") == "during import of the patches module"
+    assert phase_words(step_phase(0, "forward", 1)) == "during 'step 0 micro-batch 1 forward'"
+    assert phase_words(None) == phase_words(IDLE) == "between cells"
+
+
+def test_exit_file_roundtrip(tmp_path):
+    plan = LaunchPlan(run_id="r", launch_id="L", device="cpu", world_size=2, patches_module="m", patch_mapping={},
+                      patches_module_id="m", out_path=str(tmp_path / "o.jsonl"), folder=str(tmp_path))
+    path = plan.exit_file(1)
+    assert path == tmp_path / "L.rank1.exit" and read_exit(path) is None
+    write_exit(path, 7, install_phase("p"))
+    assert read_exit(path) == RankExit(code=7, phase="install patches: p")
+    path.write_text('{"code": "x"}')
+    assert read_exit(path) is None
 
 
 def test_phase_key_no_phase_is_idle():

@@ -105,7 +105,7 @@ def test_a_function_the_module_lacks_is_not_provided_and_the_rest_still_runs(tmp
     assert tables.cells.iloc[0]["verdict"] == "not provided"
     summary = {row.patch: row.status for row in tables.patches.itertuples()}
     assert summary["accumulated_grad_guard"] == "not provided"
-    assert tables.modules[0].startswith("tests/fixtures/third_party_patches.py (tests/fixtures/third_party_patches.py")
+    assert tables.modules[0].startswith("third_party_patches.py (sha256 ")  # the file by name and hash, no path
 
 
 def test_scenario_written_from_a_users_snippet_reproduces_and_is_fixed(tmp_path):

@@ -1,6 +1,7 @@
 """Processes a run starts and how they end (``harness.process.tree``): a whole tree killed,
 a started process in a session of its own that dies with its parent, stop-signal handlers."""
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -9,8 +10,9 @@ import threading
 import time
 
 import psutil
+import pytest
 
-from harness.process.tree import kill_tree, on_stop_signals, start, tree
+from harness.process.tree import children, end_launch, kill_tree, on_stop_signals, sessions, start, subreaper, tree
 from tests.support import ROOT
 
 
@@ -99,3 +101,54 @@ def test_stop_signals_off_the_main_thread_change_nothing():
     t.start()
     t.join(10)
     assert during == [before]
+
+
+_ORPHANS = """
+import os, subprocess, sys, time
+folder = sys.argv[1]
+subprocess.Popen(["sleep", "60"])  # stays in the launch's session, orphaned when this process exits
+if os.fork() == 0:  # a daemon: leaves the session, orphaned at once
+    os.setsid()
+    open(os.path.join(folder, "daemon"), "w").write(str(os.getpid()))
+    time.sleep(60)
+while not os.path.exists(os.path.join(folder, "daemon")):
+    time.sleep(0.01)
+"""
+
+
+@pytest.mark.parametrize("adopt", [True, False])
+def test_end_launch_ends_the_orphans_of_a_launch_and_leaves_other_children_alone(tmp_path, adopt):
+    """The launch's root exits, leaving a child in its session and a daemon in a session of its
+    own. Adopted by this process (a subreaper), both are killed and reaped; not adopted, the
+    child is still found by its session. A child this process had before is left alone."""
+    mine = subprocess.Popen(["sleep", "60"])
+    with subreaper() if adopt else contextlib.nullcontext(False) as adopting:
+        before = children()
+        proc = start([sys.executable, "-c", _ORPHANS, str(tmp_path)], env=dict(os.environ), cwd=tmp_path,
+                     log=tmp_path / "L.log")
+        seen = sessions(proc.pid)
+        assert proc.wait(timeout=30) == 0, (tmp_path / "L.log").read_text()
+        daemon = int((tmp_path / "daemon").read_text())
+        in_session = [p.pid for p in psutil.process_iter() if p.pid != proc.pid and _sid(p.pid) == proc.pid]
+        try:
+            assert adopting == adopt and seen == {proc.pid} and len(in_session) == 1
+            assert (daemon in {p.pid for p in psutil.Process().children()}) == adopt  # adopted, not init's
+            killed = end_launch(proc, known_sessions=seen, children_before=before)
+            assert set(killed) == ({daemon, *in_session} if adopt else set(in_session))
+            assert all(_gone(pid) for pid in in_session)
+            if adopt:
+                assert not psutil.pid_exists(daemon)  # killed and reaped: not even a zombie
+            assert mine.poll() is None  # not the launch's
+        finally:
+            for pid in [daemon, *in_session]:
+                if not _gone(pid):
+                    os.kill(pid, signal.SIGKILL)
+            mine.kill()
+            mine.wait(timeout=10)
+
+
+def _sid(pid):
+    try:
+        return os.getsid(pid)
+    except OSError:
+        return None

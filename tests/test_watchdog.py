@@ -134,3 +134,35 @@ def test_a_stray_alarm_outside_a_deadline_is_ignored(make_watchdog):
         signal.raise_signal(signal.SIGALRM)  # not fired: user code goes on
         time.sleep(0.01)
     assert not wd.fired
+
+
+_EXITS = """
+import os, sys
+from pathlib import Path
+from harness.rank.watchdog import Watchdog, note_exits
+folder = Path(sys.argv[1])
+wd = Watchdog(folder / "L.rank0.phase", on_expire=lambda: None)
+real = note_exits(wd, folder / "L.rank0.exit")
+wd.stamp("install patches: p1")
+if sys.argv[2] == "harness":
+    real(3)
+if os.fork() == 0:
+    os._exit(9)  # a forked child: its parent reports it, no note
+os.wait()
+os._exit(5)
+"""
+
+
+@pytest.mark.parametrize("who", ["user", "harness"])
+def test_an_exit_by_code_under_test_leaves_a_note_the_harness_own_does_not(tmp_path, who):
+    import subprocess
+    import sys
+
+    from harness.protocol import RankExit, read_exit
+    from tests.support import ROOT
+
+    done = subprocess.run([sys.executable, "-c", _EXITS, str(tmp_path), who], cwd=ROOT, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True)
+    assert done.returncode == (5 if who == "user" else 3), done.stderr
+    noted = read_exit(tmp_path / "L.rank0.exit")
+    assert noted == (RankExit(code=5, phase="install patches: p1") if who == "user" else None)

@@ -9,9 +9,13 @@ recorded as a crash. Cells that were running beside them, or not yet started, ru
 new launch.
 
 Every process a launch starts is reaped on every path (``harness.process.tree``): a normal end,
-a timeout, a crash, an exception in the harness, SIGINT or SIGTERM. On a signal the run
-stops launching, reaps, and returns what finished; nothing writes to the records file
-after that.
+a timeout, a crash, an exception in the harness, SIGINT or SIGTERM; so is every process the
+code under test started, reparented ones included (this process is a child subreaper while
+cells run). On a signal the run stops launching, reaps, and returns what finished; nothing
+writes to the records file after that.
+
+A rank that code under test ended (``os._exit`` in a patch) notes its exit code and phase;
+its cell is recorded as a crash naming the rank, the code and the phase.
 """
 
 from __future__ import annotations
@@ -27,12 +31,13 @@ from pathlib import Path
 from typing import Any
 
 from harness.launch.follow import LaunchFollower
+from harness.launch.outpath import prepare_out
 from harness.plan.cells import Cell
 from harness.plan.placement import group_into_launches, stages
 from harness.process import tree as procs
-from harness.process.crashlog import crash_cause, fatal_signal, tail
+from harness.process.crashlog import crash_cause, exit_message, fatal_signal, tail
 from harness.process.gpus import gpu_slice, skip_reason, visible_gpus, worker_slot
-from harness.protocol import LaunchPlan, read_phase
+from harness.protocol import IDLE, LaunchPlan, phase_words, read_exit, read_phase
 from harness.results import record
 
 __all__ = ["LaunchOptions", "RunResult", "run_cells"]
@@ -63,6 +68,8 @@ class LaunchOptions:
     per: str = "device"
     #: "snapshot": patch sets share a launch and are undone in turn; "process": a launch per set
     isolate: str = "snapshot"
+    #: the seed of a random cell order (``harness.plan.placement.stages``); None: the planned order
+    shuffle: int | None = None
     #: how long past a cell's deadline the launcher waits for the worker's own watchdog
     grace_s: float = 5.0
     #: how long a launch may take to start its first cell (imports, rendezvous)
@@ -81,12 +88,11 @@ class RunResult:
 
 
 def run_cells(cells: list[Cell], opts: LaunchOptions) -> RunResult:
-    """Run every cell; every cell ends with a record, unless a signal stops the run."""
-    opts.log_dir.mkdir(parents=True, exist_ok=True)
-    opts.out_path.parent.mkdir(parents=True, exist_ok=True)
-    opts.out_path.touch()
+    """Run every cell; every cell ends with a record, unless a signal stops the run.
+    ``ValueError`` when the records file or the launch folder cannot be written."""
+    prepare_out(opts.out_path, opts.log_dir)
     result = RunResult()
-    with _stop_on_signals(result):
+    with procs.subreaper(), _stop_on_signals(result):
         for group in group_into_launches(cells, per=opts.per, isolate=opts.isolate):
             remaining = _skip_without_gpus(group, opts, result)
             while remaining and result.signal is None:
@@ -137,21 +143,24 @@ def _launch(cells: list[Cell], opts: LaunchOptions, result: RunResult) -> list[C
         patch_mapping=opts.patch_mapping, out_path=str(opts.out_path.resolve()),
         folder=str(opts.log_dir.resolve()),
         scenario_dirs=[str(Path(d).resolve()) for d in opts.scenario_dirs],
-        dump_dir=str(opts.dump_dir.resolve()) if opts.dump_dir else None, cells=cells, stages=stages(cells, world),
+        dump_dir=str(opts.dump_dir.resolve()) if opts.dump_dir else None, cells=cells,
+        stages=stages(cells, world, shuffle=opts.shuffle), shuffle=opts.shuffle,
     )
     plan_path, log_path = plan.dump(), plan.log_file
     watch = LaunchFollower(progress_path=plan.progress_file, out_path=opts.out_path, launch_id=launch_id)
+    children_before = procs.children()
     proc = _start(plan, plan_path, log_path, opts, world)
     by_index = {c.index: c for c in cells}
     killed_for: Cell | None = None
     crashed: tuple[int, str, str] | None = None
+    sessions: set[int] = set()  # the workers' sessions, for the sweep at the end
     try:
         if opts.node_rank != 0:
             proc.wait()  # rank 0 (on node 0) judges and records; this node only hosts ranks
             return []
-        killed_for, crashed = _follow(proc, plan, log_path, watch, by_index, opts, result)
-    finally:
-        procs.kill_tree(proc.pid)  # whatever happened, nothing of this launch outlives it
+        killed_for, crashed = _follow(proc, plan, log_path, watch, by_index, opts, result, sessions)
+    finally:  # whatever happened, nothing of this launch outlives it, nor what the code under test started
+        procs.end_launch(proc, known_sessions=sessions, children_before=children_before)
     for rec in watch.new_records():
         _accept(rec, result, opts)
     if result.signal is not None:
@@ -164,7 +173,10 @@ def _launch(cells: list[Cell], opts: LaunchOptions, result: RunResult) -> list[C
                + (f" ({phases})" if phases else ""))
         _accept(_outside(killed_for, opts, "hang", opened.pop(killed_for.index), log_path, exc_msg=msg), result, opts)
     elif opened:
+        crashed = crashed or _exited(plan, [r for i in opened for r in watch.ranks.get(i, [])])
         exc_type, msg, rank = crash_cause(log_path) if crashed is None else (crashed[1], crashed[2], crashed[0])
+        if exc_type in ("LaunchError", "ExitCode") and crashed is None:
+            exc_type, msg, rank = _exit_in_phase(plan, proc.returncode, watch, opened, (exc_type, msg, rank))
         culprits = [i for i in opened if rank in watch.ranks.get(i, [])] or list(opened)
         for i in culprits:
             _accept(_outside(by_index[i], opts, "crash", opened[i], log_path, exc_type=exc_type, exc_msg=msg,
@@ -181,11 +193,35 @@ def _launch(cells: list[Cell], opts: LaunchOptions, result: RunResult) -> list[C
     return [c for c in cells if c.index not in done]
 
 
+def _exited(plan: LaunchPlan, ranks: list[int]) -> tuple[int, str, str] | None:
+    """(rank, exc type, message) of the first of ``ranks`` that noted an exit by code under test."""
+    for rank in sorted(set(ranks)):
+        if (noted := read_exit(plan.exit_file(rank))) is not None:
+            return rank, "ExitCode", exit_message(rank, noted.code, noted.phase)
+    return None
+
+
+def _exit_in_phase(plan: LaunchPlan, returncode: int | None, watch: LaunchFollower, opened: dict[int, float],
+                   cause: tuple[str, str, int | None]) -> tuple[str, str, int | None]:
+    """A launch that ended with a cell open and no error in its log: add where the rank was to
+    torchrun's "rank R exited with code N"; or torchrun exited 0 (every rank exited 0)."""
+    exc_type, msg, rank = cause
+    if exc_type == "ExitCode" and rank is not None and (phase := read_phase(plan.phase_file(rank))) not in (None, IDLE):
+        return exc_type, f"{msg} {phase_words(phase)}", rank
+    ranks = [r for i in opened for r in watch.ranks.get(i, [])]
+    busy = [(r, phase) for r in ranks if (phase := read_phase(plan.phase_file(r))) not in (None, IDLE)]
+    if exc_type == "LaunchError" and returncode == 0 and busy:
+        return "ExitCode", exit_message(busy[0][0], 0, busy[0][1]), busy[0][0]
+    return cause
+
+
 def _follow(proc, plan: LaunchPlan, log_path: Path, watch: LaunchFollower, by_index: dict[int, Cell], opts: LaunchOptions,
-            result: RunResult) -> tuple[Cell | None, tuple[int, str, str] | None]:
-    """Follow the launch until it exits, is interrupted, a rank dies of a fatal signal, or a
-    cell overstays: (the cell it was killed for, (rank, exc type, message) of a dead rank)."""
-    t0 = last = time.time()
+            result: RunResult, sessions: set[int]) -> tuple[Cell | None, tuple[int, str, str] | None]:
+    """Follow the launch until it exits, is interrupted, a rank dies of a fatal signal or is
+    ended by code under test, or a cell overstays: (the cell it was killed for, (rank, exc
+    type, message) of a dead rank). Notes the sessions of the launch's processes as it goes."""
+    t0 = last = sampled = time.time()
+    sessions |= procs.sessions(proc.pid)
     idle_s = max(c.timeout_s for c in by_index.values()) + 60  # no cell open, nothing new: a stuck launch
     while proc.poll() is None:
         for rec in watch.new_records():
@@ -194,11 +230,16 @@ def _follow(proc, plan: LaunchPlan, log_path: Path, watch: LaunchFollower, by_in
         if result.signal is not None:
             return None, None
         now = time.time()
+        if now - sampled > 1.0:
+            sessions |= procs.sessions(proc.pid)
+            sampled = now
         open_cells = watch.open_cells()
         for index, start in open_cells.items():
             last = max(last, start)
             if now - start > by_index[index].timeout_s + opts.grace_s:
                 return by_index[index], None
+        if exited := _exited(plan, [r for i in open_cells for r in watch.ranks.get(i, [])]):
+            return None, exited
         for rank in {r for i in open_cells for r in watch.ranks.get(i, [])}:
             if plan.crash_file(rank).stat().st_size if plan.crash_file(rank).exists() else 0:
                 time.sleep(0.3)  # let the dying rank's C++ message reach the log
@@ -241,6 +282,7 @@ def _outside(cell: Cell, opts: LaunchOptions, status: str, t0: float, log_path: 
     if log_path is not None:
         fields.update(log=str(log_path), traceback=tail(log_path, 60))
     rec = record.new_record(cell, run_id=opts.run_id, launch_id="launcher", patches_module=opts.patches_module,
-                            patches_module_id=opts.patches_module_id, t0=t0, status=status, **fields)
+                            patches_module_id=opts.patches_module_id, t0=t0, status=status,
+                            order_seed=opts.shuffle, **fields)
     record.append(opts.out_path, record.finish(rec, t0))
     return rec

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.launch.launcher import LaunchOptions, RunResult, run_cells
+from harness.launch.outpath import prepare_out
 from harness.plan.cells import Cell, all_patch_names, plan_cells
 from harness.results.record import Record, append, finish, new_record
 from harness.scenario.load import LoadError, load_scenarios, select
@@ -42,6 +43,8 @@ class RunRequest:
     nnodes: int = 1
     node_rank: int = 0
     rdzv_endpoint: str | None = None
+    #: run the cells in a random order from this seed (``harness.plan.placement.stages``)
+    shuffle: int | None = None
 
 
 def run(req: RunRequest, *, on_start: Callable[[int, Path], None] | None = None,
@@ -78,9 +81,10 @@ def run(req: RunRequest, *, on_start: Callable[[int, Path], None] | None = None,
         patches_module=req.patches, patches_module_id=source.describe(), patch_mapping=req.patch_mapping,
         scenario_dirs=req.scenario_dirs,
         on_record=(lambda rec: on_record(rec, len(cells) + len(broken))) if on_record else None, dump_dir=req.dump,
-        isolate=req.isolate, per=req.per, nnodes=req.nnodes, node_rank=req.node_rank, rdzv_endpoint=req.rdzv_endpoint,
+        isolate=req.isolate, per=req.per, shuffle=req.shuffle, nnodes=req.nnodes, node_rank=req.node_rank,
+        rdzv_endpoint=req.rdzv_endpoint,
     )
-    req.out.parent.mkdir(parents=True, exist_ok=True)
+    prepare_out(req.out, opts.log_dir)
     failed_loads = [_load_error_record(e, req, opts) for e in broken]
     for e in broken:
         if on_load_error is not None:

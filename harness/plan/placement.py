@@ -17,11 +17,18 @@ together (switching sets costs a snapshot restore and a re-import).
 
 ``per="world-size"`` gives the older plan, one launch per device and world size (the
 benchmark compares both); ``isolate="process"`` gives each patch set launches of its own.
+
+``shuffle=SEED`` (``run --shuffle``) checks that no cell's outcome depends on the cells
+before it: the cells are spread over the slots in a seeded random order, and each slot
+runs its cells in that order, patch sets interleaved. The same seed gives the same order.
+Only what keeps a launch alive stays fixed: the stages (largest world size first) and, in
+a slot, the cells that may end the process last.
 """
 
 from __future__ import annotations
 
 import os
+import random
 from dataclasses import dataclass, field
 
 from harness.plan.cells import Cell
@@ -52,11 +59,22 @@ def group_into_launches(cells: list[Cell], *, per: str = "device", isolate: str 
     return list(groups.values())
 
 
-def stages(cells: list[Cell], world: int) -> list[Stage]:
-    """The stages of a launch of ``world`` ranks over ``cells`` (indices into the plan)."""
+def stages(cells: list[Cell], world: int, *, shuffle: int | None = None) -> list[Stage]:
+    """The stages of a launch of ``world`` ranks over ``cells`` (indices into the plan);
+    ``shuffle``: the seed of a random order (see the module's docstring)."""
+    position = {c.index: c.index for c in cells}
+    if shuffle is not None:
+        cells = random.Random(shuffle).sample(cells, len(cells))
+        position = {c.index: i for i, c in enumerate(cells)}
     order: dict[tuple, int] = {}
     for c in cells:
         order.setdefault((c.variant != "vanilla", c.patches), len(order))
+
+    def in_slot(c: Cell) -> tuple:
+        if shuffle is not None:
+            return (c.run_order, position[c.index])
+        return (c.run_order, order[(c.variant != "vanilla", c.patches)], c.index)
+
     normal = [c for c in cells if not ends_launch(c)]
     home: dict[str, int] = {}  # scenario -> first rank of the slot that ran it last
     out = []
@@ -65,9 +83,8 @@ def stages(cells: list[Cell], world: int) -> list[Stage]:
         mine = [c for c in normal if c.world_size == ws]
         slots = _assign(mine, min(world // ws, len(mine)), home, ws)
         out.append(Stage(world_size=ws, slots=[
-            [c.index for c in sorted(s, key=lambda c: (c.run_order, order[(c.variant != "vanilla", c.patches)], c.index))]
-            for s in slots]))
-    for c in sorted((c for c in cells if ends_launch(c)), key=lambda c: c.index):
+            [c.index for c in sorted(s, key=in_slot)] for s in slots]))
+    for c in sorted((c for c in cells if ends_launch(c)), key=lambda c: position[c.index]):
         out.append(Stage(world_size=c.world_size, slots=[[c.index]]))
     return out
 

@@ -1,12 +1,12 @@
 """What a launch's log says about how it died: torchrun's failure summary, a signal, a
-C++ ``what()`` line, or the last Python exception."""
+C++ ``what()`` line, or the last Python exception; and how a rank's exit is worded."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
-__all__ = ["crash_cause", "fatal_signal", "last_what", "tail"]
+__all__ = ["crash_cause", "exit_message", "fatal_signal", "last_what", "tail"]
 
 #: the first line Python's faulthandler writes for each fatal signal
 _FATAL = {"Aborted": (6, "SIGABRT"), "Segmentation fault": (11, "SIGSEGV"), "Bus error": (7, "SIGBUS"),
@@ -40,6 +40,13 @@ def crash_cause(log_path: Path) -> tuple[str, str, int | None]:
     if code:
         return "ExitCode", f"rank {rank} exited with code {code.group(1)}", rank
     return "LaunchError", "launch ended without a result (see log)", rank
+
+
+def exit_message(rank: int | None, code: int, phase: str | None) -> str:
+    """``rank 0 exited with code 0 during install of patch X`` (``harness.protocol.phase_words``)."""
+    from harness.protocol import phase_words
+
+    return f"rank {rank} exited with code {code} {phase_words(phase)}"
 
 
 def tail(path: Path, n: int) -> str:

@@ -6,6 +6,11 @@ patches module's import and install, process-group setup, model build, forward a
 backward, and the reference. The ranks agree on the outcome through the store
 (``harness.rank.peers``). A rank that failed shuts its collective sockets at once, so a peer
 blocked in a collective on it fails at once instead of at the timeout.
+
+Cells share the process: what torch and Python keep process-wide (default dtype,
+deterministic algorithms, ``os.environ``, RNG states, ...) is taken before the cell trains
+and put back after it (``harness.rank.state``); what the cell left changed goes on its
+record as ``left_state``, shown as a caveat in the report.
 """
 
 from __future__ import annotations
@@ -23,12 +28,14 @@ import torch.distributed as dist
 
 from harness.plan.cells import Cell
 from harness.plan.placement import runs_forked
-from harness.protocol import CellKeys, LaunchPlan, mark_started, read_phase
+from harness.protocol import CellKeys, LaunchPlan, install_phase, mark_started, read_phase
 from harness.rank import peers
+from harness.rank.state import GlobalState
 from harness.rank.watchdog import CellTimeout, Watchdog
 from harness.results import record
 from harness.scenario.spec import UNUSED_PARAMS_API, Scenario
 from harness.train import compare
+from harness.train.ledger import check_problems
 from harness.train.reference import quirks_for, run_reference
 from harness.train.step import StepTensors
 from harness.undertest.install import install_set, load_patches_module
@@ -57,6 +64,9 @@ class CellRun:
     hung_sets: dict[tuple[str, ...], int] = field(default_factory=dict)
     #: forks the processes of cells that may abort (``harness.rank.forked.Zygote``); None: run them here
     zygote: Any = None
+    #: the process-wide state from before the active patch set's import and install, put back
+    #: with ``undo`` when the set changes (``harness.rank.state``)
+    set_state: GlobalState | None = None
 
     def run_cell(self, cell: Cell, *, slot_rank0: int, rank: int) -> bool:
         """Run ``cell`` as rank ``rank`` of its slot; False when the launch must end.
@@ -75,9 +85,11 @@ class CellRun:
         keys = CellKeys(launch_id=self.plan.launch_id, index=cell.index)
         self.watchdog.arm(cell.timeout_s)
         observed, outcome, fields = None, peers.RankOutcome(rank=rank, ok=True), {}
+        before: GlobalState | None = None  # put back after the cell; what it left changed is a caveat
         try:
             fields = self._prepare(cell)
             if not fields:
+                before = GlobalState.take()
                 observed = self._train(cell, keys, rank)
         except BaseException as e:  # CellTimeout included: the cell ends, the launch goes on
             outcome = _failure(rank, e, self.watchdog)
@@ -87,12 +99,14 @@ class CellRun:
             # gloo keeps a failed group's sockets open: a peer blocked in a collective on this
             # rank would wait for the timeout. Shutting them makes it fail at once.
             peers.shutdown_peer_sockets()
+        if rank != 0 and before is not None:  # the judge puts it back after the reference
+            outcome.left_state = before.restore()
         peers.post(self.store, keys, outcome)
         if rank != 0:
             recorded = self.wait_recorded(cell, t0=t0)
             self.watchdog.disarm()
             return recorded and not self.store.check([keys.abandoned])
-        missing = self.judge(cell, t0=t0, observed=observed, fields=fields, slot_rank0=slot_rank0)
+        missing = self.judge(cell, t0=t0, observed=observed, fields=fields, slot_rank0=slot_rank0, before=before)
         self.watchdog.disarm()
         return not missing
 
@@ -102,20 +116,23 @@ class CellRun:
         return peers.wait(self.store, [keys.recorded], t0 + cell.timeout_s + _RECORDED_GRACE_S - time.time())
 
     def judge(self, cell: Cell, *, t0: float, observed: list[StepTensors] | None, fields: dict[str, Any],
-              slot_rank0: int) -> list[int]:
+              slot_rank0: int, before: GlobalState | None = None) -> list[int]:
         """The slot's first rank: collect every rank's outcome, judge, write the record.
-        Returns the ranks that never reported."""
+        ``before``: the process-wide state from before the cell, put back once the reference
+        ran. Returns the ranks that never reported."""
         keys = CellKeys(launch_id=self.plan.launch_id, index=cell.index)
         deadline = t0 + cell.timeout_s + _REPORT_GRACE_S
         outcomes, missing = peers.collect_outcomes(self.store, keys, cell.world_size, max(1.0, deadline - time.time()))
         if missing:  # a rank is stuck where the watchdog cannot reach: this launch must end
             self.store.set(keys.abandoned, "0")
         fields = fields or self._outcome_fields(cell, observed, outcomes, missing, slot_rank0)
+        left = before.restore() if before is not None else []
+        left += [f"{c} (rank {o.rank})" for o in outcomes for c in o.left_state if c not in left]
         rec = record.new_record(cell, run_id=self.plan.run_id, launch_id=self.plan.launch_id,
                                 patches_module=self.plan.patches_module,
-                                patches_module_id=self.plan.patches_module_id, t0=t0,
+                                patches_module_id=self.plan.patches_module_id, t0=t0, order_seed=self.plan.shuffle,
                                 patch_install={n: self.installs[n] for n in cell.patches if n in self.installs},
-                                **fields)
+                                left_state=list(dict.fromkeys(left)), **fields)
         record.append(self.plan.out_path, record.finish(rec, t0))
         self.store.set(keys.recorded, "1")
         return missing
@@ -148,9 +165,12 @@ class CellRun:
             return
         if self.undo is not None:
             self.undo.restore()
-        self.undo, self.active, self.installs, self.utilities = None, names, {}, {}
+        if self.set_state is not None:
+            self.set_state.restore()
+        self.undo, self.set_state, self.active, self.installs, self.utilities = None, None, names, {}, {}
         if not names:
             return
+        self.set_state = GlobalState.take()
         self.undo = PatchUndo.take()
         forget_module(self.plan.patches_module)
         try:
@@ -161,7 +181,8 @@ class CellRun:
             return
         with self.watchdog.user_code("install patches"):
             self.installs, self.utilities = install_set(module, list(names), self.plan.patch_mapping,
-                                                        label=self.plan.patches_module)
+                                                        label=self.plan.patches_module,
+                                                        on_patch=lambda n: self.watchdog.stamp(install_phase(n)))
 
     def _train(self, cell: Cell, keys: CellKeys, rank: int) -> list[StepTensors]:
         from harness.train import fsdp as fsdp_run
@@ -200,6 +221,8 @@ def _failure(rank: int, e: BaseException, watchdog: Watchdog) -> peers.RankOutco
     msg, fired = lines[0][:500] if lines else "", watchdog.fired
     if isinstance(e, CellTimeout):
         msg = f"the cell's deadline passed in {watchdog.phase!r}"
+    elif isinstance(e, SystemExit):  # str(SystemExit(0)) is "0"
+        msg = f"SystemExit {e.code} during {watchdog.phase!r}"
     return peers.RankOutcome(rank=rank, ok=False, exc_type="CellTimeout" if fired else type(e).__name__, exc_msg=msg,
                              traceback=traceback.format_exc()[-8000:], t_fail=time.time(), phase=watchdog.phase,
                              where=watchdog.where if fired else None, in_collective=watchdog.in_collective if fired else None)
@@ -241,6 +264,9 @@ def _judge(scenario: Scenario, observed: list[StepTensors], cell: Cell) -> dict[
                         reduction_sums=sums) if scenario.reference_quirks else []
     result = compare.compare_runs(observed, run_reference(scenario, cell.world_size, quirks=quirks))
     fields = {**result.as_record_fields(), "reference_quirks": quirks, "status": "pass" if result.ok else "mismatch"}
+    fields["ledger"] = observed[0].ledger if observed else None
+    if (problems := check_problems(scenario.ledger_checks, fields["ledger"])) and result.ok:
+        fields.update(status="mismatch", worst="ledger: " + "; ".join(problems))
     if result.reference_nonfinite:
         fields.update(status="error", exc_type="ScenarioError",
                       exc_msg=f"the reference itself is non-finite ({', '.join(result.reference_nonfinite[:3])}): "

@@ -35,7 +35,7 @@ import traceback
 from dataclasses import dataclass
 
 from harness.plan.cells import Cell
-from harness.process.crashlog import last_what
+from harness.process.crashlog import exit_message, last_what
 from harness.process.tree import die_with_parent
 from harness.protocol import CellKeys, LaunchPlan, read_phase
 from harness.rank import peers
@@ -89,6 +89,11 @@ class Zygote:
                 peers.post(run.store, keys, peers.RankOutcome(
                     rank=rank, ok=False, exc_type="Signal", t_fail=time.time(), phase=_phase(run.plan, slot_rank0 + rank),
                     exc_msg=f"rank {rank} died: signal {int(sig)} ({name})" + (f": {what}" if what else "")))
+        elif os.WIFEXITED(status) and not run.store.check([keys.status(rank)]):  # user code called os._exit
+            phase = _phase(run.plan, slot_rank0 + rank)
+            peers.post(run.store, keys, peers.RankOutcome(
+                rank=rank, ok=False, exc_type="ExitCode", t_fail=time.time(), phase=phase,
+                exc_msg=exit_message(rank, os.WEXITSTATUS(status), phase)))
         if run.store.check([keys.recorded]):
             return True
         if rank == 0:  # the judge's cell process died before it wrote the record: judge here

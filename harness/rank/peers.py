@@ -13,7 +13,7 @@ import json
 import os
 import socket
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch.distributed as dist
@@ -40,6 +40,8 @@ class RankOutcome:
     phase: str | None = None
     where: str | None = None
     in_collective: bool | None = None
+    #: process-wide state the cell left changed on this rank (``harness.rank.state``), put back
+    left_state: list[str] = field(default_factory=list)
 
     @property
     def comm_failure(self) -> bool:
@@ -95,10 +97,11 @@ def blame(outcomes: list[RankOutcome], missing: dict[int, str | None], timeout_s
     """
     failed = [o for o in outcomes if not o.ok]
     rank_errors = {str(o.rank): f"{o.exc_type}: {o.exc_msg}" for o in failed}
-    dead = [o for o in failed if o.exc_type == "Signal"]  # a forked cell's process killed by a signal
+    # a forked cell's process killed by a signal, or ended by user code's os._exit
+    dead = [o for o in failed if o.exc_type in ("Signal", "ExitCode")]
     if dead:
         first = min(dead, key=lambda o: (o.t_fail or 0.0, o.rank))
-        return dict(status="crash", exc_type="Signal", exc_msg=first.exc_msg, failing_rank=first.rank,
+        return dict(status="crash", exc_type=first.exc_type, exc_msg=first.exc_msg, failing_rank=first.rank,
                     traceback=first.traceback, failed_ranks=sorted({o.rank for o in failed} | set(missing)),
                     rank_errors=rank_errors)
     own = [o for o in failed if not o.comm_failure and not o.timed_out]

@@ -14,7 +14,9 @@ same launch. Code stuck where neither reaches (a C loop holding the GIL) is left
 launcher, which kills the launch ``grace_s`` after the deadline.
 
 Each rank also stamps its phase into a small file the launcher can read after a kill,
-so a hang record names the ranks that did not arrive and where they were.
+so a hang record names the ranks that did not arrive and where they were; and when code
+under test ends the rank with ``os._exit`` (``note_exits``), the rank notes the exit code
+and that phase first, so the record can say which rank ended, how and where.
 """
 
 from __future__ import annotations
@@ -27,10 +29,11 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import NoReturn
 
-from harness.protocol import IDLE, write_phase
+from harness.protocol import IDLE, write_exit, write_phase
 
-__all__ = ["CellTimeout", "Watchdog"]
+__all__ = ["CellTimeout", "Watchdog", "note_exits"]
 
 
 class CellTimeout(BaseException):
@@ -118,6 +121,24 @@ class Watchdog:
         if self._in_user_code and self.fired:
             self._in_user_code = False
             raise CellTimeout(self.phase)
+
+
+def note_exits(watchdog: Watchdog, exit_file: Path) -> Callable[[int], NoReturn]:
+    """From now on ``os._exit`` in this process (a patch or scenario calling it) first notes
+    the exit code and ``watchdog``'s phase in ``exit_file``. Returns the real ``os._exit``,
+    for the harness's own exits. A process forked later exits without a note (its parent
+    reports it)."""
+    real = os._exit
+    owner = os.getpid()
+
+    def exit_noted(code: int) -> NoReturn:
+        if os.getpid() == owner:
+            with contextlib.suppress(Exception):
+                write_exit(exit_file, int(code), watchdog.phase)
+        real(code)
+
+    os._exit = exit_noted
+    return real
 
 
 def _stack(frame, depth: int):

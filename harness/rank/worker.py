@@ -31,13 +31,15 @@ from harness.protocol import LaunchPlan, stage_done
 from harness.rank import peers
 from harness.rank.cell import CellRun
 from harness.rank.forked import Zygote
-from harness.rank.watchdog import Watchdog
+from harness.rank.watchdog import Watchdog, note_exits
 from harness.scenario.load import load_scenarios
 from harness.undertest.undo import preload
 
 __all__ = ["main"]
 
 EXIT_POISONED = 3
+#: the harness's own exits (``os._exit`` itself is wrapped by ``note_exits``)
+_hard_exit = os._exit
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -57,6 +59,7 @@ def main(argv: list[str] | None = None) -> None:
     zygote = Zygote.start(plan, scenarios) if any(runs_forked(c) for c in plan.cells) else None
     store = peers.connect_store(world)
     watchdog = Watchdog(plan.phase_file(rank), on_expire=peers.unblock)
+    note_exits(watchdog, plan.exit_file(rank))  # a patch that calls os._exit: the launcher names rank, code, phase
     run = CellRun(plan=plan, store=store, watchdog=watchdog, scenarios=scenarios, zygote=zygote)
     for n, stage in enumerate(plan.stages):
         slot, local = divmod(rank, stage.world_size)
@@ -81,7 +84,7 @@ def _import_requirements(plan: LaunchPlan, scenarios: dict) -> None:
 def _exit(code: int) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(code)
+    _hard_exit(code)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@ OLD and NEW are records (``.jsonl`` files or folders of them) or a report's
 ``compat.csv`` (its ``compat-patches.csv`` beside it, when there, gives the per-patch
 statuses). The result is Markdown for a CI job summary or a PR comment, and an exit
 code: 1 when anything got worse (a cell newly broken, failing unexpectedly or gone, a
-patch newly broken or not provided), 0 otherwise.
+patch newly broken or not provided), 0 otherwise; with ``--strict``, 1 on any verdict
+change, better or worse (two runs that should agree: ``run`` and ``run --shuffle``).
 
 Error texts are compared after ``normalise_error`` (set order, rank numbers, addresses,
 ports, line numbers, pids, folders and C++'s ``what():`` masked; the clauses per rank in
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from harness.results.ledger_changes import CellKey, Summary, run_changes
 from harness.results.safe import read_report_csv
 from harness.results.tables import build_tables, release, sorted_torch
 from harness.vocabulary import (
@@ -47,6 +49,8 @@ class Side:
     cells: pd.DataFrame
     patches: pd.DataFrame
     label: str
+    #: collective ledger summaries (records only; a compat.csv has none)
+    ledgers: dict[CellKey, Summary] = field(default_factory=dict)
 
 
 @dataclass(kw_only=True)
@@ -60,12 +64,21 @@ class RunDiff:
     texts: list[str] = field(default_factory=list)
     added: list[str] = field(default_factory=list)
     gone: list[str] = field(default_factory=list)
+    #: collective ledger changes (``harness.results.ledger_changes``): shown, never "worse" by themselves
+    ledger: list[str] = field(default_factory=list)
     old: str = ""
     new: str = ""
 
     @property
     def got_worse(self) -> bool:
         return bool(self.worse or self.patches_worse or self.gone)
+
+    @property
+    def verdict_changes(self) -> int:
+        """Cells whose verdict or unexpected-flag changed either way, added or gone (two runs
+        that should agree, as a run and its shuffled rerun: ``harness diff --strict``)."""
+        return len(self.worse) + len(self.better) + len(self.fixed_upstream) + len(self.changed) + len(self.added) \
+            + len(self.gone)
 
     def markdown(self) -> str:
         head = (f"**{len(self.worse) + len(self.patches_worse) + len(self.gone)} got worse**, "
@@ -78,11 +91,12 @@ class RunDiff:
                              ("Cells gone", self.gone), ("Newly fixed upstream", self.fixed_upstream),
                              ("Per-patch status changes", self.patches), ("Improved", self.better),
                              ("Other verdict changes", self.changed),
-                             ("Changed error texts", self.texts), ("Cells added", self.added)):
+                             ("Changed error texts", self.texts), ("Cells added", self.added),
+                             ("Collective changes", self.ledger)):
             if items:
                 out += [f"### {title}", "", *(f"- {i}" for i in items), ""]
         if not any((self.worse, self.better, self.fixed_upstream, self.patches, self.changed, self.texts, self.added,
-                    self.gone)):
+                    self.gone, self.ledger)):
             out.append("No change.")
         return "\n".join(out).rstrip() + "\n"
 
@@ -93,7 +107,7 @@ def load_side(path: str | Path) -> Side:
     if p.suffix == ".csv":
         if not p.is_file():
             raise ValueError(f"no such file: {p}")
-        cells = read_report_csv(p)
+        cells, ledgers = read_report_csv(p), {}
         missing = [c for c in [*KEY, "verdict"] if c not in cells.columns]
         if missing:
             raise ValueError(f"{p}: not a compat.csv (no column {missing[0]!r})")
@@ -102,12 +116,12 @@ def load_side(path: str | Path) -> Side:
             columns=["patch", "device", "torch", "status"])
     else:
         tables = build_tables([p])
-        cells, patches = tables.cells, tables.patches
+        cells, patches, ledgers = tables.cells, tables.patches, tables.ledgers
     cells = cells.assign(torch=[release(str(t)) for t in cells["torch"]], world_size=cells["world_size"].astype(int))
     statuses = [v for v in VARIANTS if v in cells.columns]
     cells = cells[cells[statuses].astype(str).ne("").any(axis=1)]  # cells that ran, not the grid's empty places
     patches = patches.assign(torch=[release(str(t)) for t in patches["torch"]])
-    return Side(cells=cells, patches=patches, label=str(path))
+    return Side(cells=cells, patches=patches, label=str(path), ledgers=ledgers)
 
 
 def _where(row) -> str:
@@ -151,13 +165,14 @@ def diff_runs(old: Side, new: Side) -> RunDiff:
         elif _exc(was) and _exc(now) and not same_error(_exc(was), _exc(now)):
             d.texts.append(f"{_where(now)}: {_exc(was)!r} → {_exc(now)!r}")
     _patches(old, new, d)
+    d.ledger = run_changes(old.ledgers, new.ledgers)
     return d
 
 
 def _as_upgrade(side: Side, old: str, new: str) -> Side:
     label = f"torch {old} → {new}"
     return Side(cells=side.cells.assign(torch=label), patches=side.patches.assign(torch=label),
-                label=f"{side.label} (torch {side.cells['torch'].iloc[0]})")
+                label=f"{side.label} (torch {side.cells['torch'].iloc[0]})", ledgers=side.ledgers)
 
 
 def _patches(old: Side, new: Side, d: RunDiff) -> None:

@@ -98,6 +98,14 @@ class Record:
     grad_norm: float | None = None
     ref_grad_norm: float | None = None
     reference_quirks: list[str] = field(default_factory=list)
+    #: the scenario's collectives per step, micro-batch and phase (``harness.train.ledger``: rows of
+    #: step, micro_batch, phase, kind, group, dtype, count, bytes); None where not recorded
+    ledger: list[list[Any]] | None = None
+    #: process-wide state the cell left changed ("left the default dtype float64"), put back
+    #: before the next cell (``harness.rank.state``); the report shows each as a caveat
+    left_state: list[str] = field(default_factory=list)
+    #: the seed of the shuffled cell order the run used (``run --shuffle``); None: the planned order
+    order_seed: int | None = None
     duration_s: float | None = None
     timeout_s: float | None = None
     env: dict[str, Any] = field(default_factory=dict)

@@ -186,6 +186,7 @@ def render_markdown(tables: ReportTables) -> str:
         out += [f"## Scenario × torch: {shown}", "", LEGEND, "", _md(_grid(tables, device, _label).reset_index())]
         out += [f"### Notes: {shown}", "", *([f"- {md_text(n)}" for n in _notes(tables, device)] or ["None."]), ""]
         out += [f"### Environment: {shown}", "", _md(_environment(tables, device).rename_axis("").reset_index())]
+    out += ["## Collective changes between torch versions", "", *(f"- {md_text(n)}" for n in tables.ledger_changes or ["None."]), ""]
     out += ["## Bug legend", "", _md(pd.DataFrame(legend_rows(tables.cells["scenario"])))]
     out += ["## Details", "", *_details_md(tables.cells), "## Skipped input lines", ""]
     out += [f"- {md_text(line)}" for line in tables.skipped] or ["None."]
@@ -261,6 +262,7 @@ def render_html(tables: ReportTables) -> str:
                                  notes=_notes(tables, device)))
         sections.append(_Section(title=f"Environment: {device}", anchor=safe_id(f"environment-{device}"),
                                  html=_styled(_environment(tables, device), table_class="environment")))
+    sections.append(_Section(title="Collective changes between torch versions", anchor="ledger", html="", notes=tables.ledger_changes))
     bugs = _styled(pd.DataFrame(legend_rows(tables.cells["scenario"])), table_class="bugs", index=False)
     sections.append(_Section(title="Bug legend", anchor="bugs", html=bugs))
     sections.append(_Section(title="Details", anchor="details", html=_details_html(tables.cells)))

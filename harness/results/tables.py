@@ -22,6 +22,7 @@ from typing import Any
 import pandas as pd
 from packaging.version import InvalidVersion, Version
 
+from harness.results.ledger_changes import CellKey, Summary, ledger_summaries, version_changes
 from harness.results.record import Record, RecordError, load_records
 from harness.results.safe import module_label
 from harness.results.verdict import combine_patch_statuses, judge, patch_contributions
@@ -266,10 +267,15 @@ class ReportTables:
     sources: list[str] = field(default_factory=list)
     n_records: int = 0
     generated_at: str = ""
+    ledgers: dict[CellKey, Summary] = field(default_factory=dict)
 
     @property
     def devices(self) -> list[str]:
         return device_order(self.cells["device"])
+
+    @property
+    def ledger_changes(self) -> list[str]:
+        return version_changes(self.ledgers)
 
     def versions(self, device: str) -> list[str]:
         return sorted_torch(self.cells.loc[self.cells["device"] == device, "torch"])
@@ -290,4 +296,5 @@ def build_tables(paths: Sequence[str | Path]) -> ReportTables:
         cells=cells, patches=patch_summary(frame), deployed=deployed_summary(cells),
         environment=environment_table(latest), modules=modules, skipped=skipped, sources=[str(p) for p in paths],
         n_records=len(found), generated_at=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        ledgers=ledger_summaries(latest["record"]),
     )

@@ -196,12 +196,20 @@ def unexpected_notes(records: Records) -> tuple[str, ...]:
 
 
 def caveats(records: Records) -> tuple[str, ...]:
-    """A patch set that turns a vanilla error into a hang or crash: the fix costs the timeout."""
+    """A patch set that turns a vanilla error into a hang or crash (the fix costs the timeout),
+    and process-wide state a variant's run left changed ("vanilla, patched left the default
+    dtype float64": the harness put it back, but the scenario leaks it where it runs)."""
+    out: list[str] = []
     vanilla = records.get("vanilla")
-    if vanilla is None or vanilla.status != "error":
-        return ()
-    return tuple(f"{variant} turns vanilla's error into a {rec.status}" for variant in ("patched", "deployed")
-                 if (rec := records.get(variant)) is not None and rec.status in ("hang", "crash"))
+    if vanilla is not None and vanilla.status == "error":
+        out += [f"{variant} turns vanilla's error into a {rec.status}" for variant in ("patched", "deployed")
+                if (rec := records.get(variant)) is not None and rec.status in ("hang", "crash")]
+    left: dict[str, list[str]] = {}
+    for variant, rec in records.items():
+        for text in rec.left_state if rec is not None else ():
+            left.setdefault(text, []).append(variant)
+    out += [f"{', '.join(variants)} {text}" for text, variants in left.items()]
+    return tuple(out)
 
 
 def judge(records: Records) -> CellVerdict:

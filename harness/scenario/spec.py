@@ -238,6 +238,9 @@ class Scenario:
     #: each worker imports them once before its first cell (forked cells inherit them), and
     #: the cells are skipped, with the reason, where their package is missing
     requires: tuple[str, ...] = ()
+    #: checks of the cell's collective ledger (``harness.train.ledger``, e.g. ``at_most``): each returns
+    #: a problem text or None; a problem makes a passing cell a mismatch (worst "ledger: ...")
+    ledger_checks: tuple[Callable[[Any], str | None], ...] = ()
 
     def __post_init__(self) -> None:
         where = f"scenario {self.name or '(unnamed)'}"

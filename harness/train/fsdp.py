@@ -23,6 +23,7 @@ from torch.distributed.tensor import DTensor
 from harness.plan.cells import Cell
 from harness.scenario.apis import PublicApi
 from harness.scenario.spec import MODEL_SEED, Clip, Ctx, MicroBatch, Scenario, move_batch
+from harness.train import ledger as collectives
 from harness.train import recipe
 from harness.train.gather import Deferred, gather_full, plain_placements
 from harness.train.norm_group import rehome
@@ -48,9 +49,11 @@ def train(scenario: Scenario, cell: Cell, utilities: dict[str, Any], rank: int, 
     api = scenario.api if cell.variant == "api" else None
     model = build_model(scenario, mesh, cell.device, api=api)
     side = FsdpSide(scenario, cell, model, mesh, device, utilities, rank=rank, world=world, stamp=stamp)
-    observed = recipe.train(scenario, side, side.named)
+    with collectives.recording() as side.ledger:  # the scenario's collectives only (``harness.train.ledger``)
+        observed = recipe.train(scenario, side, side.named)
     if observed:
         observed[0].reduction_sums = sums
+        observed[0].ledger = side.ledger.rows() if side.ledger is not None else None
     return observed
 
 
@@ -143,6 +146,12 @@ class FsdpSide:
         self.step = 0
         #: the data-parallel coordinates (tensor-parallel ranks of one dp index share their data)
         self.dp_rank, self.dp_world = rank // scenario.sharding.tp, scenario.sharding.data_parallel(world)
+        #: counts the scenario's collectives while ``train`` records; paused around the harness's own
+        self.ledger: collectives.Ledger | None = None
+
+    def _at(self, phase: str | None, micro_batch: int | None = None) -> None:
+        if self.ledger is not None:
+            self.ledger.at(phase, step=self.step, micro_batch=micro_batch)
 
     def micro_batch(self, step: int, k: int, micro_batch: MicroBatch) -> None:
         self.step = step
@@ -153,15 +162,19 @@ class FsdpSide:
         torch.manual_seed(self.scenario.batch_seed(ctx))
         batch = move_batch(self.scenario.batch(ctx), self.device)
         self.stamp(f"step {step} micro-batch {k} forward")
+        self._at("forward", k)
         loss = self.scenario.forward(self.model, batch, ctx)
         self.stamp(f"step {step} micro-batch {k} backward")
+        self._at("backward", k)
         loss.backward()
+        self._at(None)
 
     def scale(self, factor: float) -> None:
         """A 0-dim scaler on the compute device, as training loops write it; nothing where
         the ``api`` variant's divide factor already scaled the grads in the reduction."""
         if self.cell.variant == "api" and self.scenario.api is not None and self.scenario.api.scales_grads:
             return
+        self._at("scale")
         scaler = torch.tensor(factor, device=self.device)
         params = list(self.named.values())
         util = self.utilities.get("scale_grads")
@@ -178,6 +191,7 @@ class FsdpSide:
 
     def clip(self, clip: Clip) -> float:
         self.stamp(f"step {self.step} clip")
+        self._at("clip")
         params = [p for p in self.named.values() if p.grad is not None]
         backend = self.scenario.groups.norm_backend.get(self.cell.device)
         restore = rehome(params, backend) if backend else None
@@ -197,13 +211,18 @@ class FsdpSide:
 
     def flush(self) -> None:
         """Gather every snapshot captured so far (one collective); rank 0's dicts fill in."""
+        self._at(None)
         if self.deferred is not None:
             self.stamp(f"step {self.step} gather snapshots")
             self.deferred.flush()
 
     def _snapshot(self, tensors: dict[str, torch.Tensor | None], what: str):
-        if self.deferred is not None:
-            return self.deferred.capture(tensors)
-        self.stamp(f"step {self.step} gather {what}")
-        return gather_full(tensors, rank=self.rank, world=self.world, fast=False)
+        self._at(None)  # the harness's gathers are not the scenario's; what follows is the optimizer's
+        try:
+            if self.deferred is not None:
+                return self.deferred.capture(tensors)
+            self.stamp(f"step {self.step} gather {what}")
+            return gather_full(tensors, rank=self.rank, world=self.world, fast=False)
+        finally:
+            self._at("optimizer")
 

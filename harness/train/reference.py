@@ -27,7 +27,7 @@ from harness.scenario.spec import MODEL_SEED, Clip, Ctx, MicroBatch, Scenario, S
 from harness.train import recipe
 from harness.train.step import StepTensors
 
-__all__ = ["GLOO_AVG_SUMS", "PER_USE_UPCAST", "ReferenceSide", "quirks_for", "run_reference"]
+__all__ = ["GLOO_AVG_SUMS", "PER_USE_UPCAST", "REDUCE_NONE_FP32", "ReferenceSide", "quirks_for", "run_reference"]
 
 
 #: Known backend behaviour the reference must model to judge anything else on that
@@ -45,6 +45,11 @@ GLOO_AVG_SUMS = "gloo reduce-scatter AVG sums (torch < 2.9): reference averages 
 PER_USE_UPCAST = ("first no-sync micro-batch upcasts each use of a parameter to reduce_dtype (torch >= 2.15): "
                   "the reference accumulates those uses through grad_dtype too")
 
+#: From torch 2.15 ``MixedPrecisionPolicy(reduce_dtype=None)`` under a ``param_dtype`` reduces
+#: the grads in fp32 (the parameters' own dtype), no longer in ``param_dtype``
+#: (``scenarios/reduce_dtype_none_bf16.py``; the collective ledger shows the dtype).
+REDUCE_NONE_FP32 = "reduce_dtype=None reduces in fp32, not param_dtype (torch >= 2.15)"
+
 
 def quirks_for(*, torch_version: str, backend: str, sharding: Sharding | None = None,
                reduction_sums: bool | None = None) -> list[str]:
@@ -61,6 +66,9 @@ def quirks_for(*, torch_version: str, backend: str, sharding: Sharding | None = 
         quirks.append(GLOO_AVG_SUMS)
     if sharding is not None and _wider_reduce(sharding) and torch_release(torch_version) >= Version("2.15"):
         quirks.append(PER_USE_UPCAST)
+    if sharding is not None and sharding.param_dtype is not None and sharding.reduce_dtype is None \
+            and "reduce_dtype" not in sharding.mp_fields and torch_release(torch_version) >= Version("2.15"):
+        quirks.append(REDUCE_NONE_FP32)
     return quirks
 
 
@@ -111,6 +119,7 @@ class ReferenceSide:
         if GLOO_AVG_SUMS in quirks:  # gloo summed over the shard group; only HSDP's replicate dim averaged
             self.divisor = scenario.sharding.replicate
         self.per_use_upcast = PER_USE_UPCAST in quirks
+        self.reduce_none_fp32 = REDUCE_NONE_FP32 in quirks
         #: per rank, the params with an unsharded grad in the current accumulation window
         self.window: list[set[str]] = [set() for _ in range(world_size)]
 
@@ -123,7 +132,7 @@ class ReferenceSide:
         """Mean over ranks of each parameter's gradient for micro-batch ``k`` (only used ones)."""
         s = self.scenario
         compute_dtype = s.sharding.param_dtype
-        reduce_dtype = s.sharding.reduce_dtype or compute_dtype or torch.float32
+        reduce_dtype = s.sharding.reduce_dtype or (None if self.reduce_none_fp32 else compute_dtype) or torch.float32
         total: dict[str, torch.Tensor] = {}
         for rank in range(self.world_size):
             ctx = Ctx(rank=rank, world_size=self.world_size, step=step, micro_batch=k)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -31,3 +32,5 @@ class StepTensors:
     #: over the shard group summed where it should average (``harness.train.fsdp.reduction_sums``);
     #: None where not measured
     reduction_sums: bool | None = None
+    #: the collectives of every step (FSDP2 side, on the first snapshot only): ``harness.train.ledger.Ledger.rows()``
+    ledger: list[list[Any]] | None = None

@@ -4,8 +4,8 @@ Any module works if it has functions of this kind:
 
 * ``patch_fsdp_<name>()`` or ``patch_<name>()``: a process-global install, no arguments.
   It may return an object with ``status`` ("installed", "already-installed",
-  "not-applicable") and ``reason``; returning ``None`` means installed; raising means
-  the install failed, recorded as ``patch install error: <first line>``.
+  "not-applicable") and ``reason``; returning ``None`` means installed; raising (or
+  ``sys.exit``) means the install failed, recorded as ``patch install error: <first line>``.
 * ``<name>_`` or ``<name>``: a utility the recipe calls instead of torch's
   (``clip_grad_norm`` -> ``clip_grad_norm_(params, max_norm, norm_type)``,
   ``scale_grads`` -> ``scale_grads_(params, scaler)``).
@@ -61,13 +61,21 @@ def load_patches_module(spec: str) -> ModuleType:
             raise ValueError(f"patches module file not found: {spec}")
         try:
             module = import_file(path, f"_fsdp_compat_patches_{path.stem}")
+        except SystemExit as e:
+            raise ValueError(_exited_at_import(e)) from e
         except Exception as e:  # a broken module is the user's input, not our crash
             raise ValueError(f"patches module {spec} failed to import: {_first_line(e)}") from e
         return module
     try:
         return importlib.import_module(spec)
+    except SystemExit as e:
+        raise ValueError(_exited_at_import(e)) from e
     except ImportError as e:
         raise ValueError(f"patches module {spec!r} cannot be imported: {_first_line(e)}") from e
+
+
+def _exited_at_import(e: SystemExit) -> str:
+    return f"patches module exited at import (SystemExit {e.code})"
 
 
 class PatchNotProvided(LookupError):
@@ -96,9 +104,11 @@ def resolve(module: ModuleType, name: str, mapping: Mapping[str, str] | None = N
 
 
 def install_patches(module: ModuleType, names: list[str], mapping: Mapping[str, str] | None = None,
-                    label: str | None = None) -> dict[str, InstallOutcome]:
+                    label: str | None = None,
+                    on_patch: Callable[[str], object] | None = None) -> dict[str, InstallOutcome]:
     """Install each named patch once, in order; never raises. A patch the module does not
-    provide is "not-provided" and the others still install."""
+    provide is "not-provided" and the others still install. ``on_patch(name)`` is called
+    before each install function runs (the rank stamps its phase)."""
     outcomes: dict[str, InstallOutcome] = {}
     for name in names:
         if name in outcomes:
@@ -114,8 +124,14 @@ def install_patches(module: ModuleType, names: list[str], mapping: Mapping[str, 
         if name in UTILITIES:
             outcomes[name] = InstallOutcome(name=name, status="installed", reason=f"uses {fn.__name__}")
             continue
+        if on_patch is not None:
+            on_patch(name)
         try:
             result = fn()
+        except SystemExit as e:
+            reason = f"{getattr(fn, '__name__', name)} exited at install (SystemExit {e.code})"
+            outcomes[name] = InstallOutcome(name=name, status="error", reason=reason)
+            continue
         except Exception as e:
             outcomes[name] = InstallOutcome(name=name, status="error", reason=_first_line(e))
             continue
@@ -126,9 +142,10 @@ def install_patches(module: ModuleType, names: list[str], mapping: Mapping[str, 
 
 
 def install_set(module: ModuleType, names: list[str], mapping: Mapping[str, str] | None = None,
-                label: str | None = None) -> tuple[dict[str, dict[str, str]], dict[str, Callable[..., object]]]:
+                label: str | None = None, on_patch: Callable[[str], object] | None = None,
+                ) -> tuple[dict[str, dict[str, str]], dict[str, Callable[..., object]]]:
     """Install a patch set: per-patch outcomes (as record entries) and the utilities to call."""
-    outcomes = install_patches(module, names, mapping, label)
+    outcomes = install_patches(module, names, mapping, label, on_patch)
     utilities = {n: resolve(module, n, mapping, label) for n in names
                  if n in UTILITIES and outcomes[n].status == "installed"}
     return {n: o.as_dict() for n, o in outcomes.items()}, utilities

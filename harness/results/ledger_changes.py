@@ -1,0 +1,114 @@
+"""Where the collective ledger (``harness.train.ledger``) of a cell changes: from one torch
+release to the next (the report's "Collective changes between torch versions") and between
+two runs (``harness diff``).
+
+A ledger is compared in summary: per kind and phase ("reduce_scatter backward"), the
+collectives and bytes over the whole run and the dtypes they moved. A changed dtype, count
+or byte total is one line, e.g. ``reduce_dtype_none_bf16 [vanilla, cpu, w2]: reduce_scatter
+backward dtype bfloat16 → float32 at 2.15``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from packaging.version import InvalidVersion, Version
+
+__all__ = ["CellKey", "Summary", "describe", "ledger_summaries", "run_changes", "summarise", "version_changes"]
+
+#: (device, scenario, world_size, torch, variant)
+CellKey = tuple[str, str, int, str, str]
+
+
+@dataclass(kw_only=True, frozen=True)
+class Usage:
+    """Collectives of one kind in one phase, over every step of a cell."""
+
+    count: int
+    bytes: int
+    dtypes: tuple[str, ...]
+
+
+#: "kind phase" -> usage
+Summary = Mapping[str, Usage]
+
+
+def summarise(rows: Iterable[list[Any]]) -> dict[str, Usage]:
+    """The summary of a stored ledger (``Record.ledger`` rows)."""
+    acc: dict[str, tuple[int, int, set[str]]] = {}
+    for _step, _k, phase, kind, _group, dtype, count, nbytes in rows:
+        c, b, d = acc.get(f"{kind} {phase}", (0, 0, set()))
+        acc[f"{kind} {phase}"] = (c + count, b + nbytes, d | {dtype})
+    return {key: Usage(count=c, bytes=b, dtypes=tuple(sorted(d))) for key, (c, b, d) in sorted(acc.items())}
+
+
+def ledger_summaries(records: Iterable[Any]) -> dict[CellKey, dict[str, Usage]]:
+    """Summaries of the records that carry a ledger, by cell and variant (one record each)."""
+    return {(r.device, r.scenario, int(r.world_size), str(_release(r.torch)), r.variant): summarise(r.ledger)
+            for r in records if r.ledger is not None}
+
+
+def describe(before: Summary, after: Summary) -> list[str]:
+    """What changed from ``before`` to ``after``, one phrase per kind and phase."""
+    out = []
+    for key in sorted(set(before) | set(after)):
+        was, now = before.get(key), after.get(key)
+        if was is None:
+            out.append(f"{key} new ({now.count}× {'/'.join(now.dtypes)})")  # type: ignore[union-attr]
+        elif now is None:
+            out.append(f"{key} gone (was {was.count}× {'/'.join(was.dtypes)})")
+        else:
+            parts = []
+            if was.dtypes != now.dtypes:
+                parts.append(f"dtype {'/'.join(was.dtypes)} → {'/'.join(now.dtypes)}")
+            if was.count != now.count:
+                parts.append(f"count {was.count} → {now.count}")
+            if was.bytes != now.bytes:
+                parts.append(f"bytes {was.bytes} → {now.bytes}")
+            if parts:
+                out.append(f"{key} {', '.join(parts)}")
+    return out
+
+
+def _release(version: str) -> Version:
+    try:
+        return Version(Version(version).base_version)
+    except InvalidVersion:
+        return Version("0")
+
+
+def _where(device: str, scenario: str, world_size: int, variant: str) -> str:
+    return f"{scenario} [{variant}, {device}, w{world_size}]"
+
+
+def version_changes(ledgers: Mapping[CellKey, Summary]) -> list[str]:
+    """Per scenario and variant, each change from one torch release to the next one recorded."""
+    by_cell: dict[tuple[str, str, int, str], dict[str, Summary]] = {}
+    for (device, scenario, ws, torch, variant), summary in ledgers.items():
+        by_cell.setdefault((device, scenario, ws, variant), {})[torch] = summary
+    out = []
+    for (device, scenario, ws, variant), versions in sorted(by_cell.items()):
+        ordered = sorted(versions, key=_release)
+        for old, new in zip(ordered, ordered[1:]):
+            out += [f"{_where(device, scenario, ws, variant)}: {change} at {new} (from {old})"
+                    for change in describe(versions[old], versions[new])]
+    return out
+
+
+def run_changes(old: Mapping[CellKey, Summary], new: Mapping[CellKey, Summary]) -> list[str]:
+    """Changes between two runs, cell by cell; when each run holds one torch release and they
+    differ (an upgrade), cells are matched across the two releases."""
+    releases = ({k[3] for k in old}, {k[3] for k in new})
+    upgrade = len(releases[0]) == 1 and len(releases[1]) == 1 and releases[0] != releases[1]
+
+    def key(k: CellKey) -> CellKey:
+        return (*k[:3], "", k[4]) if upgrade else k
+    a, b = {key(k): v for k, v in old.items()}, {key(k): v for k, v in new.items()}
+    out = []
+    for k in sorted(set(a) & set(b)):
+        device, scenario, ws, torch, variant = k
+        where = _where(device, scenario, ws, variant) + (f" on {torch}" if torch else "")
+        out += [f"{where}: {change}" for change in describe(a[k], b[k])]
+    return out
