@@ -204,11 +204,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
     except _Interrupted as stop:
         print(f"interrupted by {signal.Signals(stop.signum).name} before any cell ran", flush=True)
         return 128 + stop.signum
-    console.print_summary(result.records)
-    if args.shuffle is not None:
-        print(f"cells ran in a shuffled order (seed {args.shuffle}; the same order again: --shuffle {args.shuffle})",
-              flush=True)
-    if result.signal is not None:
+    late: list[int] = []  # a signal after the launcher let go: the records are on disk, finish the summary
+    with _interruptible(lambda signum, frame: late.append(signum)):
+        console.print_summary(result.records, shuffle=args.shuffle)
+    if result.signal is not None or late:
+        result.signal = result.signal or late[0]
         name = signal.Signals(result.signal).name
         print(f"\ninterrupted by {name}: {len(result.records)} cells recorded, {len(result.not_run)} not run; "
               f"every process of the run has ended", flush=True)
@@ -277,14 +277,14 @@ class _Interrupted(Exception):
         self.signum = signum
 
 
-def _interruptible() -> contextlib.AbstractContextManager[None]:
-    """SIGINT/SIGTERM before the launcher takes over: stop at once, with one line."""
+def _interruptible(handler=None) -> contextlib.AbstractContextManager[None]:
+    """SIGINT/SIGTERM before the launcher takes over: stop at once, with one line (or ``handler``)."""
     from harness.process.tree import on_stop_signals
 
     def stop(signum, frame):
         raise _Interrupted(signum)
 
-    return on_stop_signals(stop)
+    return on_stop_signals(handler or stop)
 
 
 def _rerun_command(args: argparse.Namespace, world: int) -> str:

@@ -30,7 +30,9 @@ class Progress:
               f"{rec.duration_s or 0:5.2f}s  {detail[:90]}{flag}", flush=True)
 
 
-def print_summary(records: list[Record]) -> None:
+def print_summary(records: list[Record], *, shuffle: int | None = None) -> None:
+    if shuffle is not None:
+        print(f"cells ran in a shuffled order (seed {shuffle}; the same order again: --shuffle {shuffle})", flush=True)
     if not records:
         return
     header = f"{'scenario':<30} {'variant':<8} {'device':<6} {'ws':>2}  {'status':<8} {'expected':<16} ok  detail"
@@ -43,4 +45,4 @@ def print_summary(records: list[Record]) -> None:
     for r in records:
         counts[r.status] = counts.get(r.status, 0) + 1
     summary = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
-    print(f"\n{len(records)} cells: {summary}; {sum(not r.as_expected for r in records)} not as expected")
+    print(f"\n{len(records)} cells: {summary}; {sum(not r.as_expected for r in records)} not as expected", flush=True)

@@ -94,3 +94,26 @@ def test_expect_torch_refuses_a_different_release():
     out = _cli("run", "--scenario", "plain", "--expect-torch", "2.1.0", timeout=60)
     assert out.returncode == 2
     assert out.stderr.startswith("error: installed torch ") and out.stderr.strip().endswith("is not the requested 2.1.0")
+
+
+def test_a_signal_while_the_summary_prints_exits_128_plus_n(monkeypatch, capsys):
+    """After the launcher let go (every record on disk), SIGTERM still ends the command with
+    143 and the summary finished, not with the default handler's death."""
+    import os
+    import signal
+
+    import harness.console
+    import harness.launch.pipeline as pipeline
+    from harness.cli import main
+    from harness.launch.launcher import RunResult
+
+    monkeypatch.setattr(pipeline, "run", lambda req, **kw: RunResult(records=[], not_run=[]))
+
+    def summary(records, *, shuffle=None):
+        os.kill(os.getpid(), signal.SIGTERM)
+        print("summary done")
+
+    monkeypatch.setattr(harness.console, "print_summary", summary)
+    assert main(["run", "--scenario", "plain", "--quiet"]) == 128 + signal.SIGTERM
+    out = capsys.readouterr().out
+    assert "summary done" in out and "interrupted by SIGTERM" in out
