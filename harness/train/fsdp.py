@@ -42,12 +42,12 @@ def train(scenario: Scenario, cell: Cell, utilities: dict[str, Any], rank: int, 
     stamp("build model")
     mesh = init_device_mesh(cell.device, tuple(cell.mesh), mesh_dim_names=scenario.sharding.mesh_dim_names(world))
     _all_connected(device)
+    api = scenario.api if cell.variant == "api" else None
+    model = build_model(scenario, mesh, cell.device, api=api)
     sums = None
     if scenario.reference_quirks and "gloo" in cell.backend and "nccl" not in cell.backend:
         stamp("measure the reduction")
-        sums = reduction_sums(_shard_mesh(mesh), device)
-    api = scenario.api if cell.variant == "api" else None
-    model = build_model(scenario, mesh, cell.device, api=api)
+        sums = reduction_sums(_shard_mesh(mesh), device, _reduce_dtype(scenario, model))
     side = FsdpSide(scenario, cell, model, mesh, device, utilities, rank=rank, world=world, stamp=stamp)
     with collectives.recording() as side.ledger:  # the scenario's collectives only (``harness.train.ledger``)
         observed = recipe.train(scenario, side, side.named)
@@ -65,18 +65,28 @@ def _shard_mesh(mesh: DeviceMesh) -> DeviceMesh:
     return mesh["shard"] if "shard" in names else mesh["dp"]
 
 
-def reduction_sums(mesh: DeviceMesh, device: torch.device) -> bool:
+def _reduce_dtype(scenario: Scenario, model: nn.Module) -> torch.dtype:
+    """The dtype FSDP2 reduces the scenario's grads in: its reduce dtype, else its compute
+    dtype, else its first floating-point parameter's."""
+    s = scenario.sharding
+    floating = (p.dtype for p in model.parameters() if p.is_floating_point())
+    return s.reduce_dtype or s.param_dtype or next(floating, torch.float32)
+
+
+def reduction_sums(mesh: DeviceMesh, device: torch.device, dtype: torch.dtype = torch.float32) -> bool:
     """Whether FSDP2's gradient reduction over ``mesh`` sums where it should average, as
     measured with the patch set in force: a one-layer model whose grad is 1 on every rank
     comes back as the shard group's size instead of 1 (gloo computes FSDP2's ReduceOp.AVG
     reduce-scatter as a sum before torch 2.9, unless a patch makes FSDP2 sum and divide
-    itself). The reference models the sum only where this says so."""
+    itself). FSDP2 asks for AVG only for some reduce dtypes (fp32 and bf16; fp16 is summed
+    with its own divide factors), so the probe reduces in ``dtype``, the cell's. The
+    reference models the sum only where this says so."""
     if mesh.size() == 1:
         return False
-    probe = nn.Linear(1, 2 * mesh.size(), bias=False, device=device)  # two rows of the weight per rank
+    probe = nn.Linear(1, 2 * mesh.size(), bias=False, device=device, dtype=dtype)  # two rows of the weight per rank
     nn.init.ones_(probe.weight)
     fsdp_public.fully_shard(probe, mesh=mesh)
-    probe(torch.ones(1, 1, device=device)).sum().backward()
+    probe(torch.ones(1, 1, device=device, dtype=dtype)).sum().backward()
     local = probe.weight.grad.to_local()
     assert local.numel() > 0, "every rank holds a shard of the probe"
     return bool(torch.allclose(local, torch.full_like(local, float(mesh.size()))))
