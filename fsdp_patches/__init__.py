@@ -15,6 +15,8 @@ the bug is fixed natively.
   unfrozen later, under mixed precision.
 * ``patch_fsdp_gloo_reduce_scatter_avg`` (bug M): gloo sums FSDP2's AVG reduce-scatter
   (torch < 2.9, CPU).
+* ``patch_fsdp_meta_init_full_rng`` (bug N): random init of sharded parameters (meta-device
+  init) draws the full tensor and keeps this rank's slice; ``init_full_then_shard`` also exported.
 * ``patch_fsdp_shard_by_dtype`` (bug K): parameters of several dtypes in one unit; it
   wraps ``torch.distributed.fsdp.fully_shard`` with ``fully_shard_by_dtype``, also exported.
 
@@ -38,6 +40,7 @@ from .accumulated_grad import patch_fsdp_accumulated_grad_guard
 from .by_dtype import fully_shard_by_dtype, patch_fsdp_shard_by_dtype
 from .gloo_avg import patch_fsdp_gloo_reduce_scatter_avg
 from .grads import clip_grad_norm_, get_total_grad_norm, scale_grads_
+from .meta_init import init_full_then_shard, patch_fsdp_meta_init_full_rng
 from .reduce_dtype import patch_fsdp_uniform_reduce_dtype
 from .unfreeze import patch_fsdp_late_unfreeze_reduce_dtype
 from .unused_params import (
@@ -52,9 +55,11 @@ __all__ = [
     "clip_grad_norm_",
     "fully_shard_by_dtype",
     "get_total_grad_norm",
+    "init_full_then_shard",
     "patch_fsdp_accumulated_grad_guard",
     "patch_fsdp_gloo_reduce_scatter_avg",
     "patch_fsdp_late_unfreeze_reduce_dtype",
+    "patch_fsdp_meta_init_full_rng",
     "patch_fsdp_restore_unused_param_grads",
     "patch_fsdp_shard_by_dtype",
     "patch_fsdp_uniform_reduce_dtype",
@@ -72,6 +77,7 @@ PATCHES: dict[str, Callable[[], PatchResult]] = {
     "shard_by_dtype": patch_fsdp_shard_by_dtype,
     "late_unfreeze_reduce_dtype": patch_fsdp_late_unfreeze_reduce_dtype,
     "gloo_reduce_scatter_avg": patch_fsdp_gloo_reduce_scatter_avg,
+    "meta_init_full_rng": patch_fsdp_meta_init_full_rng,
 }
 
 

@@ -99,6 +99,11 @@ BUGS: tuple[Bug, ...] = (
         upstream="pytorch/pytorch#162338", affected="2.7 – 2.8 (CPU/gloo only)",
         patch="gloo_reduce_scatter_avg", api="FSDPModule.set_force_sum_reduction_for_comms (2.8)",
         scenarios=("gloo_avg_reduce_scatter",)),
+    Bug(letter="N", name="Random init of a meta-device model after fully_shard (reset_parameters)",
+        symptom="silent: on CPU every rank fills its shard from the start of one random stream, not a "
+                "slice of the full init a single process draws",
+        upstream="pytorch/pytorch#180088, pytorch/torchtitan#3106", affected="all, CPU measured (2.7 – 2.15)",
+        patch="meta_init_full_rng"),
 )
 
 

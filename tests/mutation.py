@@ -164,6 +164,15 @@ MUTANTS: tuple[Mutant, ...] = (
            old="    reduce_dtypes = {p.reduce_dtype for p in floating}\n",
            new="    reduce_dtypes = {p.param_dtype for p in floating}\n",
            scenarios=I_SCENARIOS, why="takes the compute dtype for the reduce dtype: reduces in bf16 again"),
+    Mutant(name="n_first_rows", file="meta_init.py",
+           old="        index = tuple(slice(o, o + n) for o, n in zip(offset, shape))\n",
+           new="        index = tuple(slice(0, n) for n in shape)\n",
+           scenarios=("n_meta_init_sharded_rng",), world_sizes=(2,),
+           why="keeps the first rows of the full init on every rank: rank 1 repeats rank 0's shard"),
+    Mutant(name="n_normal_only", file="meta_init.py",
+           old='_RANDOM_FILLS = ("uniform_", "normal_")\n', new='_RANDOM_FILLS = ("normal_",)\n',
+           scenarios=("n_meta_init_sharded_rng",), world_sizes=(2,),
+           why="leaves uniform_ (kaiming_uniform_, nn.Linear's init) drawing per shard"),
 )
 
 

@@ -37,6 +37,7 @@ from harness.scenario.spec import UNUSED_PARAMS_API, Scenario
 from harness.train import compare
 from harness.train.ledger import check_problems
 from harness.train.reference import quirks_for, run_reference
+from harness.train.resources import growth_problems
 from harness.train.step import StepTensors
 from harness.undertest.install import install_set, load_patches_module
 from harness.undertest.undo import PatchUndo, forget_module
@@ -267,6 +268,9 @@ def _judge(scenario: Scenario, observed: list[StepTensors], cell: Cell) -> dict[
     fields["ledger"] = observed[0].ledger if observed else None
     if (problems := check_problems(scenario.ledger_checks, fields["ledger"])) and result.ok:
         fields.update(status="mismatch", worst="ledger: " + "; ".join(problems))
+    fields["resources"] = observed[0].resources if observed else None
+    if scenario.resource_check and (problems := growth_problems(fields["resources"])) and fields["status"] == "pass":
+        fields.update(status="mismatch", worst="resources: " + "; ".join(problems))
     if result.reference_nonfinite:
         fields.update(status="error", exc_type="ScenarioError",
                       exc_msg=f"the reference itself is non-finite ({', '.join(result.reference_nonfinite[:3])}): "

@@ -101,6 +101,8 @@ class Record:
     #: the scenario's collectives per step, micro-batch and phase (``harness.train.ledger``: rows of
     #: step, micro_batch, phase, kind, group, dtype, count, bytes); None where not recorded
     ledger: list[list[Any]] | None = None
+    #: rank 0's live tensors after each step (``harness.train.resources``: step, tensors, bytes, cuda_allocated)
+    resources: list[list[Any]] | None = None
     #: process-wide state the cell left changed ("left the default dtype float64"), put back
     #: before the next cell (``harness.rank.state``); the report shows each as a caveat
     left_state: list[str] = field(default_factory=list)

@@ -42,7 +42,6 @@ def read_catalog(folder: Path = SCENARIOS_DIR) -> Catalog:
             tree = ast.parse(file.read_text(), filename=str(file))
         except SyntaxError:
             continue  # reported when the run loads the library
-        explicit = False
         for node in ast.walk(tree):
             if not isinstance(node, ast.Call):
                 continue
@@ -50,10 +49,11 @@ def read_catalog(folder: Path = SCENARIOS_DIR) -> Catalog:
                 if kw.arg == "name" and _names_a_scenario(node) and isinstance(kw.value, ast.Constant) \
                         and isinstance(kw.value.value, str):
                     names.add(kw.value.value)
-                    explicit = True
                 elif kw.arg == "world_sizes" and isinstance(kw.value, (ast.Tuple, ast.List)):
                     sizes |= {e.value for e in kw.value.elts if isinstance(e, ast.Constant) and isinstance(e.value, int)}
-        assigns = {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
-        if "SCENARIO" in assigns and not explicit:
+        own = [n.value for n in tree.body if isinstance(n, ast.Assign)
+               and any(isinstance(t, ast.Name) and t.id == "SCENARIO" for t in n.targets)]
+        # SCENARIO is named after its file unless its own call passes name= (others in the file may)
+        if own and not (isinstance(own[-1], ast.Call) and any(kw.arg == "name" for kw in own[-1].keywords)):
             names.add(file.stem)
     return Catalog(names=frozenset(names), world_sizes=frozenset(sizes))

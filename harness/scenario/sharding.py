@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 from torch import nn
@@ -42,6 +43,16 @@ class Sharding:
     #: parameter computing in the dtype the model computes it in itself (bug K's ``api``
     #: variant: storage upcast to fp32, each parameter all-gathered in its model dtype).
     mp_fields: dict[str, object] = field(default_factory=dict)
+    #: "full": the model is built on this rank's device under ``MODEL_SEED``, then sharded.
+    #: "meta": built on the meta device, sharded, ``to_empty`` on the device, then every
+    #: sub-module's ``reset_parameters()`` runs under ``MODEL_SEED`` (how large-model stacks
+    #: initialise; the reference still builds the full model, so a sharded init that differs
+    #: from a single process's shows in the step-0 grads).
+    init: Literal["full", "meta"] = "full"
+
+    def __post_init__(self) -> None:
+        if self.init not in ("full", "meta"):
+            raise ValueError(f"Sharding.init must be 'full' or 'meta', not {self.init!r}")
 
     def mesh_shape(self, world_size: int) -> tuple[int, ...]:
         split = self.tp if self.tp > 1 else self.replicate

@@ -83,16 +83,23 @@ class Optim:
     weight_decay: float = 0.1
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
+    #: the optimizer's ``foreach`` / ``fused`` implementation choice (None: torch's default)
+    foreach: bool | None = None
+    fused: bool | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in ("adamw", "sgd"):
             raise ValueError(f"Optim.kind: {self.kind!r} is not 'adamw' or 'sgd'")
+        if self.foreach and self.fused:
+            raise ValueError("Optim: foreach and fused cannot both be True")
 
     def build(self, params) -> torch.optim.Optimizer:
         if self.kind == "sgd":
-            return torch.optim.SGD(params, lr=self.lr, momentum=self.betas[0], weight_decay=self.weight_decay)
+            return torch.optim.SGD(params, lr=self.lr, momentum=self.betas[0], weight_decay=self.weight_decay,
+                                   foreach=self.foreach, fused=self.fused)
         assert self.kind == "adamw", self.kind
-        return torch.optim.AdamW(params, lr=self.lr, betas=self.betas, eps=self.eps, weight_decay=self.weight_decay)
+        return torch.optim.AdamW(params, lr=self.lr, betas=self.betas, eps=self.eps, weight_decay=self.weight_decay,
+                                 foreach=self.foreach, fused=self.fused)
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -241,6 +248,9 @@ class Scenario:
     #: checks of the cell's collective ledger (``harness.train.ledger``, e.g. ``at_most``): each returns
     #: a problem text or None; a problem makes a passing cell a mismatch (worst "ledger: ...")
     ledger_checks: tuple[Callable[[Any], str | None], ...] = ()
+    #: whether growth of what rank 0 holds after each step (live tensors, their bytes, CUDA memory;
+    #: ``harness.train.resources``) makes a passing cell a mismatch (worst "resources: ...")
+    resource_check: bool = False
 
     def __post_init__(self) -> None:
         where = f"scenario {self.name or '(unnamed)'}"

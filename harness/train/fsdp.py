@@ -9,6 +9,7 @@ differs across ranks is reported instead of desynchronizing the gather.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -25,6 +26,7 @@ from harness.scenario.apis import PublicApi
 from harness.scenario.spec import MODEL_SEED, Clip, Ctx, MicroBatch, Scenario, move_batch
 from harness.train import ledger as collectives
 from harness.train import recipe
+from harness.train import resources as held
 from harness.train.gather import Deferred, gather_full, plain_placements
 from harness.train.norm_group import rehome
 from harness.train.step import StepTensors
@@ -49,11 +51,13 @@ def train(scenario: Scenario, cell: Cell, utilities: dict[str, Any], rank: int, 
         stamp("measure the reduction")
         sums = reduction_sums(_shard_mesh(mesh), device, _reduce_dtype(scenario, model))
     side = FsdpSide(scenario, cell, model, mesh, device, utilities, rank=rank, world=world, stamp=stamp)
+    measure = side.measure if rank == 0 and held.enabled(scenario.resource_check) else None  # rank 0's record
     with collectives.recording() as side.ledger:  # the scenario's collectives only (``harness.train.ledger``)
-        observed = recipe.train(scenario, side, side.named)
+        observed = recipe.train(scenario, side, side.named, after_step=measure)
     if observed:
         observed[0].reduction_sums = sums
         observed[0].ledger = side.ledger.rows() if side.ledger is not None else None
+        observed[0].resources = side.resources or None
     return observed
 
 
@@ -112,9 +116,10 @@ def build_model(scenario: Scenario, mesh: DeviceMesh, device_type: str, api: Pub
     ``fully_shard`` is looked up on ``torch.distributed.fsdp`` at call time, as training
     code that calls it through the module does, so a patch that changes how a model is
     sharded (``shard_by_dtype``: a unit per parameter dtype) takes effect."""
-    torch.manual_seed(MODEL_SEED)
-    model = scenario.model()
     s = scenario.sharding
+    torch.manual_seed(MODEL_SEED)
+    with torch.device("meta") if s.init == "meta" else contextlib.nullcontext():
+        model = scenario.model()
     dp_world = s.data_parallel(mesh.size())
     if s.prepare is not None:
         s.prepare(model)
@@ -131,6 +136,8 @@ def build_model(scenario: Scenario, mesh: DeviceMesh, device_type: str, api: Pub
     for fqn in s.units:
         fsdp_public.fully_shard(model.get_submodule(fqn), **kwargs)
     fsdp_public.fully_shard(model, **kwargs)
+    if s.init == "meta":
+        _init_on(model, device_type)
     if s.reduce_scatter_unused_params:
         for module in model.modules():  # the setter does not reach child FSDP modules
             if hasattr(module, "set_reduce_scatter_unused_params"):
@@ -140,6 +147,18 @@ def build_model(scenario: Scenario, mesh: DeviceMesh, device_type: str, api: Pub
         for module in reversed(fsdp_modules):  # children first, the root last
             api.configure(module, dp_world)
     return model
+
+
+def _init_on(model: nn.Module, device_type: str) -> None:
+    """Materialise a meta-built, sharded model on this rank's device and run every
+    sub-module's ``reset_parameters()`` under ``MODEL_SEED`` (``Sharding.init="meta"``)."""
+    device = torch.device(device_type, torch.cuda.current_device()) if device_type == "cuda" else torch.device("cpu")
+    model.to_empty(device=device)
+    torch.manual_seed(MODEL_SEED)
+    for module in model.modules():
+        reset = getattr(module, "reset_parameters", None)
+        if callable(reset):
+            reset()
 
 
 class FsdpSide:
@@ -158,6 +177,13 @@ class FsdpSide:
         self.dp_rank, self.dp_world = rank // scenario.sharding.tp, scenario.sharding.data_parallel(world)
         #: counts the scenario's collectives while ``train`` records; paused around the harness's own
         self.ledger: collectives.Ledger | None = None
+        #: what this rank held after each optimizer step (``harness.train.resources``: rows)
+        self.resources: list[list[int | None]] = []
+
+    def measure(self, step: int, snapshots: list[StepTensors]) -> None:
+        """Live tensors after the optimizer step, less the harness's own snapshot copies."""
+        exclude = (snapshots, self.deferred.pending if self.deferred is not None else None)
+        self.resources.append(held.measure(step, device=self.device, exclude=exclude).row())
 
     def _at(self, phase: str | None, micro_batch: int | None = None) -> None:
         if self.ledger is not None:

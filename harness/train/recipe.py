@@ -12,6 +12,7 @@ This module imports nothing from ``torch.distributed``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 import torch
@@ -52,8 +53,11 @@ def set_to_none_after(step: int) -> bool:
     return step % 2 == 0
 
 
-def train(scenario: Scenario, side: Side, named: dict[str, nn.Parameter]) -> list[StepTensors]:
-    """Run every step of ``scenario`` through ``side``; one snapshot per step."""
+def train(scenario: Scenario, side: Side, named: dict[str, nn.Parameter],
+          after_step: Callable[[int, list[StepTensors]], object] | None = None) -> list[StepTensors]:
+    """Run every step of ``scenario`` through ``side``; one snapshot per step.
+    ``after_step(step, snapshots)`` is called after each step's params snapshot, before
+    ``zero_grad`` (the FSDP2 side measures what the rank holds there)."""
     opt = scenario.optimizer.build(named.values())
     snapshots = []
     for step in range(scenario.steps):
@@ -69,7 +73,9 @@ def train(scenario: Scenario, side: Side, named: dict[str, nn.Parameter]) -> lis
         opt.step()
         snap.params = side.params()
         snap.opt_state = {n: bool(opt.state.get(p)) for n, p in named.items()}
-        opt.zero_grad(set_to_none=set_to_none_after(step))
         snapshots.append(snap)
+        if after_step is not None:
+            after_step(step, snapshots)
+        opt.zero_grad(set_to_none=set_to_none_after(step))
     side.flush()
     return snapshots

@@ -34,3 +34,5 @@ class StepTensors:
     reduction_sums: bool | None = None
     #: the collectives of every step (FSDP2 side, on the first snapshot only): ``harness.train.ledger.Ledger.rows()``
     ledger: list[list[Any]] | None = None
+    #: what the rank held after every step (FSDP2 side, first snapshot only): ``harness.train.resources`` rows
+    resources: list[list[Any]] | None = None
