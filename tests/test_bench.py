@@ -18,7 +18,8 @@ def test_the_hung_cell_part_prints_its_figures_and_stays_within_timeout_plus_2_s
     m = re.search(r"the hung cell: hang after ([\d.]+) s \(timeout (\d+) s\)", out.stdout)
     assert m, out.stdout
     assert float(m.group(1)) <= float(m.group(2)) + 2
-    assert re.search(r"extra wall for the hang\s+:\s+[\d.]+ s", out.stdout)
+    # a difference of two walls measured one after the other: below zero when the first was slowed more
+    assert re.search(r"extra wall for the hang\s+:\s+-?[\d.]+ s", out.stdout)
 
 
 def test_unknown_parts_are_one_line_and_exit_2():

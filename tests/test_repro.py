@@ -118,3 +118,23 @@ def test_scenario_written_from_a_users_snippet_reproduces_and_is_fixed(tmp_path)
     assert records["patched"]["status"] == "pass"
     listed = _cli("list", "--scenarios-dir", "tests/fixtures/user_scenarios").stdout
     assert "user_captioner_text_first" in listed
+
+
+def test_the_exported_modules_import_only_each_other():
+    """The standalone script carries HARNESS_MODULES; a harness module they import but the list
+    lacks makes the export fail on a torch-only machine (seen: train.ledger, train.resources)."""
+    import ast
+
+    from harness.repro.export import HARNESS_MODULES
+
+    carried = {f"harness.{m}" for m in HARNESS_MODULES}
+    missing = set()
+    for name in HARNESS_MODULES:
+        tree = ast.parse((ROOT / "harness" / f"{name.replace('.', '/')}.py").read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("harness"):
+                targets = [f"{node.module}.{a.name}" for a in node.names]
+                missing |= {node.module} - carried if node.module != "harness.train" else set()
+                if node.module in ("harness", "harness.train"):
+                    missing |= {t for t in targets if t not in carried}
+    assert not missing, f"harness modules the export needs but does not carry: {sorted(missing)}"
