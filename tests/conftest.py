@@ -1,9 +1,11 @@
-"""pytest hooks for the suite: it must leave no harness process behind."""
+"""pytest hooks for the suite (it must leave no harness process behind) and its shared fixtures."""
 
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import pytest  # noqa: E402
 
 from tests.support import ROOT  # noqa: E402
 
@@ -46,6 +48,18 @@ def pytest_sessionfinish(session, exitstatus):
         session.exitstatus = 1
 
 
-import pytest  # noqa: E402
 
 _STARTED = pytest.StashKey[float]()
+
+
+@pytest.fixture
+def one_rank_group(tmp_path):
+    """A one-rank gloo default group for the test; afterwards every fsdp_patches patch is undone."""
+    import torch.distributed as dist
+
+    import fsdp_patches
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+    fsdp_patches.undo_all()

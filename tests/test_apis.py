@@ -5,7 +5,6 @@ import dataclasses
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from harness.scenario.apis import UNUSED_PARAMS_API, PublicApi, torch_has
@@ -55,12 +54,6 @@ def test_with_api_sets_sharding_fields_and_reference_quirks():
     with pytest.raises(ValueError, match="declares no public API"):
         s.replace(api=None).with_api()
 
-
-@pytest.fixture
-def one_rank_group(tmp_path):
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def test_build_model_configures_every_fsdp_module_children_first(one_rank_group, monkeypatch):

@@ -3,7 +3,6 @@
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 
 import fsdp_patches
@@ -50,13 +49,6 @@ def test_a_module_holding_two_dtypes_itself_cannot_be_split():
     with pytest.raises(ValueError, match="mixed holds"):
         split_by_dtype(parent)
 
-
-@pytest.fixture
-def one_rank_group(tmp_path):
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-    fsdp_patches.undo_all()
 
 
 def _trains(model: nn.Module) -> None:

@@ -12,6 +12,7 @@ from torch.distributed import _functional_collectives as funcol
 from harness.results.ledger_changes import describe, ledger_summaries, run_changes, summarise, version_changes
 from harness.results.record import Record
 from harness.train.ledger import Entry, Ledger, at_most, check_problems, recording
+from tests.support import record_fields
 
 
 def _rows(rs_dtype: str = "bfloat16", backward_gathers: int = 4) -> list[list]:
@@ -49,23 +50,12 @@ def test_at_most_names_the_worst_micro_batch():
     assert check_problems((check,), _rows(backward_gathers=7)) and check_problems((check,), None) == []
 
 
-def _record(**fields) -> dict:
-    return {"run_id": "r", "started_at": "2026-01-01T00:00:00+00:00", "scenario": "s", "variant": "vanilla",
-            "device": "cpu", "world_size": 2, "torch": "2.13.0+cpu", "status": "pass", "expected": "pass",
-            "as_expected": True, **fields}
-
 
 def test_record_keeps_the_ledger_and_old_records_load():
-    assert Record.from_json(_record()).ledger is None
-    rec = Record.from_json(_record(ledger=_rows()))
+    assert Record.from_json(record_fields()).ledger is None
+    rec = Record.from_json(record_fields(ledger=_rows()))
     assert Record.from_json(rec.to_json()).ledger == _rows()
 
-
-@pytest.fixture
-def one_rank_group(tmp_path):
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def test_recording_counts_outermost_calls_and_restores(one_rank_group):
@@ -96,7 +86,7 @@ def test_recording_restores_after_an_error_and_can_be_turned_off(monkeypatch):
 
 def test_version_changes_in_release_order():
     base = {"device": "cpu", "scenario": "s", "world_size": 2, "variant": "vanilla"}
-    records = [Record.from_json(_record(**base, torch=t, ledger=_rows(dtype)))
+    records = [Record.from_json(record_fields(**base, torch=t, ledger=_rows(dtype)))
                for t, dtype in (("2.15.0+cpu", "float32"), ("2.9.1", "bfloat16"), ("2.14.1", "bfloat16"))]
     assert version_changes(ledger_summaries(records)) == [
         "s [vanilla, cpu, w2]: reduce_scatter backward dtype bfloat16 → float32, bytes 400 → 800 at 2.15.0 "
@@ -129,8 +119,8 @@ def test_report_and_diff_show_ledger_changes(tmp_path):
     from harness.results.tables import build_tables
 
     base = {"scenario": "s", "world_size": 2, "variant": "vanilla"}
-    old = _write(tmp_path / "old.jsonl", [_record(**base, torch="2.14.1", ledger=_rows())])
-    new = _write(tmp_path / "new.jsonl", [_record(**base, torch="2.15.0", ledger=_rows("float32"))])
+    old = _write(tmp_path / "old.jsonl", [record_fields(**base, torch="2.14.1", ledger=_rows())])
+    new = _write(tmp_path / "new.jsonl", [record_fields(**base, torch="2.15.0", ledger=_rows("float32"))])
     line = "reduce_scatter backward dtype bfloat16 → float32"
     assert line in render_markdown(build_tables([old, new])).split("## Collective changes between torch versions")[1]
     assert f"### Collective changes\n\n- s [vanilla, cpu, w2]: {line}" in diff_runs(load_side(old), load_side(new)).markdown()

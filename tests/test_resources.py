@@ -10,6 +10,7 @@ import torch.distributed as dist
 
 from harness.results.record import Record
 from harness.train.resources import MIN_STEPS, StepResources, enabled, growth_problems, measure, tensor_ids
+from tests.support import record_fields
 
 
 def _rows(tensors: list[int], nbytes: list[int] | None = None, cuda: list[int] | None = None) -> list[list]:
@@ -77,15 +78,10 @@ def test_only_opted_in_cells_measure_unless_told(monkeypatch):
     assert not enabled(True)
 
 
-def _record(**fields) -> dict:
-    return {"run_id": "r", "started_at": "2026-01-01T00:00:00+00:00", "scenario": "s", "variant": "vanilla",
-            "device": "cpu", "world_size": 2, "torch": "2.13.0+cpu", "status": "pass", "expected": "pass",
-            "as_expected": True, **fields}
-
 
 def test_record_keeps_the_resources_and_old_records_load():
-    assert Record.from_json(_record()).resources is None
-    rec = Record.from_json(_record(resources=_rows([3, 4, 4, 4])))
+    assert Record.from_json(record_fields()).resources is None
+    rec = Record.from_json(record_fields(resources=_rows([3, 4, 4, 4])))
     assert Record.from_json(rec.to_json()).resources == _rows([3, 4, 4, 4])
 
 
@@ -94,7 +90,7 @@ def test_the_report_shows_a_resources_finding(tmp_path):
     from harness.results.tables import build_tables
 
     worst = "resources: live tensors grew every step after step 1: from 20 to 23 (+1 to +1 per step)"
-    rec = _record(status="mismatch", as_expected=False, worst=worst, resources=_rows([10, 20, 21, 22, 23]))
+    rec = record_fields(status="mismatch", as_expected=False, worst=worst, resources=_rows([10, 20, 21, 22, 23]))
     path = tmp_path / "run.jsonl"
     path.write_text(json.dumps(rec) + "\n")
     assert worst in render_markdown(build_tables([str(path)]))

@@ -5,7 +5,6 @@ import types
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 import fsdp_patches
@@ -53,13 +52,6 @@ def test_other_groups_are_left_alone(group):
     assert not fill_frozen_group_dtypes(group)
     assert (group._orig_dtype, group._reduce_dtype) == before
 
-
-@pytest.fixture
-def one_rank_group(tmp_path):
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-    fsdp_patches.undo_all()
 
 
 def _unfreeze_after_first_forward() -> Backbone:
