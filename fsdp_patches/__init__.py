@@ -22,7 +22,8 @@ the bug is fixed natively.
 
 ``apply_all`` installs the four in a working order (A before E). The gradient
 utilities ``clip_grad_norm_``, ``get_total_grad_norm`` and ``scale_grads_`` (bugs F, G,
-H) are re-exported from ``fsdp_patches.grads``.
+H) are re-exported from ``fsdp_patches.grads``; ``finalize_backward(root)`` (bug O) reduces the
+grads of an accumulation window run with gradient sync off, from ``fsdp_patches.finalize``.
 
 Undo: ``result.undo()`` on any ``PatchResult`` takes that patch out again, and
 ``undo_all()`` takes out every patch installed. Where our wrapper is still the
@@ -38,6 +39,7 @@ from collections.abc import Callable
 from ._wrapping import PatchResult, undo_all
 from .accumulated_grad import patch_fsdp_accumulated_grad_guard
 from .by_dtype import fully_shard_by_dtype, patch_fsdp_shard_by_dtype
+from .finalize import finalize_backward
 from .gloo_avg import patch_fsdp_gloo_reduce_scatter_avg
 from .grads import clip_grad_norm_, get_total_grad_norm, scale_grads_
 from .meta_init import init_full_then_shard, patch_fsdp_meta_init_full_rng
@@ -53,6 +55,7 @@ __all__ = [
     "PatchResult",
     "apply_all",
     "clip_grad_norm_",
+    "finalize_backward",
     "fully_shard_by_dtype",
     "get_total_grad_norm",
     "init_full_then_shard",

@@ -104,6 +104,10 @@ BUGS: tuple[Bug, ...] = (
                 "slice of the full init a single process draws",
         upstream="pytorch/pytorch#180088, pytorch/torchtitan#3106", affected="all, CPU measured (2.7 – 2.15)",
         patch="meta_init_full_rng"),
+    Bug(letter="O", name="Reducing grads after an accumulation window run with sync off (MoE, pipeline schedules)",
+        symptom="silent: turning gradient sync back on reduces nothing accumulated; sharded grads stay None",
+        upstream="(no public call before 2.15; NVIDIA-NeMo/Automodel MoEFSDPSyncMixin)", affected="2.7 – 2.14",
+        patch="finalize_backward", api="FSDPModule.set_manual_backward_finalization + finalize_backward (2.15)"),
 )
 
 

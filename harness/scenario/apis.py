@@ -10,6 +10,13 @@ An API is turned on in one of two declarative ways, or both:
   ``lambda m, world: m.set_force_sum_reduction_for_comms(True)``. ``dp_world`` is the
   number of data-parallel ranks, for factors that depend on it.
 
+A setter that must be called on the root only (``set_manual_backward_finalization``)
+goes in ``configure_root(root, dp_world)``, called after ``configure``.
+
+An API that acts after backward also gives ``finalize(root)``: called on the root FSDP
+module at the end of each accumulation window of a scenario with ``reduce_after_window``
+(``root.finalize_backward()``), instead of the patches module's ``finalize_backward``.
+
 ``available()`` is true only where torch has ``name`` and every entry of ``needs``; an
 ``api`` cell on a torch without them is skipped with the reason, like any recipe that
 needs a feature torch lacks.
@@ -65,6 +72,10 @@ class PublicApi:
     reference_quirks: bool | None = None
     #: other ``Owner.attr`` names the API needs (``configure`` may call several setters)
     needs: tuple[str, ...] = ()
+    #: called on the root FSDP module only, after ``configure`` (setters torch allows on the root only)
+    configure_root: Callable[[nn.Module, int], object] | None = None
+    #: called on the root after each accumulation window of a ``reduce_after_window`` scenario
+    finalize: Callable[[nn.Module], object] | None = None
 
     def __post_init__(self) -> None:
         for qualified in (self.name, *self.needs):
@@ -72,7 +83,7 @@ class PublicApi:
                 raise ValueError(f"PublicApi: {qualified!r} is not 'Owner.attr' (e.g. 'FSDPModule.set_...')")
         if self.scales_grads and self.configure is None:
             raise ValueError(f"PublicApi {self.name}: scales_grads needs a configure that sets the divide factor")
-        if not self.sharding and self.configure is None:
+        if not self.sharding and self.configure is None and self.configure_root is None:
             raise ValueError(f"PublicApi {self.name}: give sharding fields, a configure call, or both")
 
     def available(self) -> bool:

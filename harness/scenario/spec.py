@@ -16,13 +16,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from packaging.specifiers import InvalidSpecifier, SpecifierSet
-from packaging.version import Version
 from torch import nn
 
 from harness.scenario.apis import UNUSED_PARAMS_API, PublicApi
+from harness.scenario.expect import PASS, Expect, torch_release
 from harness.scenario.sharding import Sharding
-from harness.vocabulary import DEVICES, VARIANTS, Device, Status, Variant, parse_statuses
+from harness.vocabulary import DEVICES, Device
 
 __all__ = [
     "Clip",
@@ -124,58 +123,8 @@ class Groups:
     norm_backend: dict[str, str] = field(default_factory=dict)
 
 
-@dataclass(kw_only=True, frozen=True)
-class Expect:
-    """An expected outcome for cells matching ``torch``/``variants``/``devices``/``world_sizes``.
-
-    ``status`` may name alternatives with ``|`` ("hang|crash|error"); it is kept as a
-    tuple. ``match`` is text the first error line (or the traceback) must contain.
-    ``fixed_by`` names the patch that fixes this documented failure (the verdicts credit
-    that patch alone); ``upstream`` names the upstream issue of a failure no patch fixes.
-    """
-
-    status: tuple[Status, ...] | str
-    torch: str = ""
-    variants: tuple[Variant, ...] = ("vanilla",)
-    match: str | None = None
-    devices: tuple[Device, ...] = DEVICES
-    world_sizes: tuple[int, ...] | None = None
-    why: str = ""
-    fixed_by: str | None = None
-    upstream: str | None = None
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "status", parse_statuses(self.status))
-        for v in self.variants:
-            if v not in VARIANTS:
-                raise ValueError(f"Expect.variants: unknown variant {v!r} (choose from {', '.join(VARIANTS)})")
-        try:
-            SpecifierSet(self.torch)
-        except InvalidSpecifier as e:
-            raise ValueError(f"Expect.torch: bad version range {self.torch!r}") from e
-
-    def applies(self, *, variant: str, torch_version: str, device: str, world_size: int) -> bool:
-        """Whether this expectation covers the cell; one for "patched" covers "deployed" too
-        (the deployed set is the scenario's patches plus every other one)."""
-        return (
-            (variant in self.variants or (variant == "deployed" and "patched" in self.variants))
-            and device in self.devices
-            and (self.world_sizes is None or world_size in self.world_sizes)
-            and torch_release(torch_version) in SpecifierSet(self.torch)
-        )
-
-
 #: The seed torch's RNG gets before ``Scenario.model()`` (FSDP2 side and reference alike).
 MODEL_SEED = 0
-
-#: What a cell is expected to do when no ``Expect`` matches it.
-PASS = Expect(status="pass", variants=VARIANTS)
-
-
-def torch_release(version: str) -> Version:
-    """``2.13.0+cpu`` -> ``Version('2.13.0')`` (local labels and pre-release tags dropped)."""
-    return Version(Version(version).base_version)
-
 
 def move_batch(batch: Any, device: torch.device | str | None = None, float_dtype: torch.dtype | None = None) -> Any:
     """A batch (a tensor, or a dict / tuple / list of them) on ``device``, floating
@@ -248,6 +197,12 @@ class Scenario:
     #: checks of the cell's collective ledger (``harness.train.ledger``, e.g. ``at_most``): each returns
     #: a problem text or None; a problem makes a passing cell a mismatch (worst "ledger: ...")
     ledger_checks: tuple[Callable[[Any], str | None], ...] = ()
+    #: the stack learns that an accumulation window is over only after its last backward (MoE and
+    #: pipeline schedules): every micro-batch runs with gradient sync off and the grads are reduced
+    #: afterwards, by the patches module's ``finalize_backward(root)`` or the api variant's
+    #: ``PublicApi.finalize``; without either (vanilla) gradient sync is turned back on, which
+    #: reduces nothing already accumulated
+    reduce_after_window: bool = False
     #: whether growth of what rank 0 holds after each step (live tensors, their bytes, CUDA memory;
     #: ``harness.train.resources``) makes a passing cell a mismatch (worst "resources: ...")
     resource_check: bool = False
@@ -258,7 +213,10 @@ class Scenario:
             raise ValueError(f"scenario name {self.name!r}: use letters, digits and '_'")
         if self.steps < 1 or not self.schedule:
             raise ValueError(f"{where}: needs at least one step and one micro-batch")
-        if not self.schedule[-1].sync:
+        if self.reduce_after_window and any(mb.sync for mb in self.schedule):
+            raise ValueError(f"{where}: reduce_after_window runs every micro-batch with gradient sync off "
+                             "(use accumulate(n, last_sync=False))")
+        if not self.reduce_after_window and not self.schedule[-1].sync:
             raise ValueError(f"{where}: the last micro-batch must sync gradients")
         for d in (*self.devices, *self.bug_devices):
             if d not in DEVICES:

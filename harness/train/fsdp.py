@@ -146,6 +146,8 @@ def build_model(scenario: Scenario, mesh: DeviceMesh, device_type: str, api: Pub
         fsdp_modules = [m for m in model.modules() if isinstance(m, fsdp_public.FSDPModule)]
         for module in reversed(fsdp_modules):  # children first, the root last
             api.configure(module, dp_world)
+    if api is not None and api.configure_root is not None:
+        api.configure_root(model, dp_world)
     return model
 
 
@@ -203,6 +205,24 @@ class FsdpSide:
         self.stamp(f"step {step} micro-batch {k} backward")
         self._at("backward", k)
         loss.backward()
+        self._at(None)
+
+    def end_window(self) -> None:
+        """``Scenario.reduce_after_window``: reduce the window's grads with the api variant's
+        ``finalize``, else the patches module's ``finalize_backward``, else (vanilla) only turn
+        gradient sync back on, as a stack without either does."""
+        if not self.scenario.reduce_after_window:
+            return
+        self.stamp(f"step {self.step} end of window")
+        self._at("finalize")
+        api = self.scenario.api if self.cell.variant == "api" else None
+        util = self.utilities.get("finalize_backward")
+        if api is not None and api.finalize is not None:
+            api.finalize(self.model)
+        elif util is not None:
+            util(self.model)
+        else:
+            self.model.set_requires_gradient_sync(True)
         self._at(None)
 
     def scale(self, factor: float) -> None:

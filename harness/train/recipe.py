@@ -2,7 +2,7 @@
 both run it, each passing in a ``Side`` for the parts that differ.
 
 Per step: every micro-batch of the schedule (forward and backward, with the scenario's
-gradient-sync settings), then grad scaling, a snapshot of the grads, clipping and a
+gradient-sync settings), the end of the window (where the scenario reduces after it), then grad scaling, a snapshot of the grads, clipping and a
 snapshot of the clipped grads, ``optimizer.step()``, a snapshot of the params and of
 which params have optimizer state, and ``zero_grad`` with ``set_to_none`` alternating
 (True after even steps, False after odd ones) so both kinds run mid-training.
@@ -31,6 +31,9 @@ class Side(Protocol):
 
     def micro_batch(self, step: int, k: int, micro_batch: MicroBatch) -> None:
         """Forward and backward of micro-batch ``k``; grads accumulate into ``.grad``."""
+
+    def end_window(self) -> None:
+        """After the window's last micro-batch (``Scenario.reduce_after_window``: reduce now)."""
 
     def scale(self, factor: float) -> None:
         """Multiply every grad by ``factor`` (the recipe's accumulation scaling)."""
@@ -63,6 +66,7 @@ def train(scenario: Scenario, side: Side, named: dict[str, nn.Parameter],
     for step in range(scenario.steps):
         for k, micro_batch in enumerate(scenario.schedule):
             side.micro_batch(step, k, micro_batch)
+        side.end_window()
         snap = StepTensors(step=step)
         if scenario.grad_scale is not None:
             side.scale(scenario.grad_scale)

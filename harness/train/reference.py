@@ -153,6 +153,9 @@ class ReferenceSide:
                     total[name] = g if name not in total else total[name] + g
         return {name: g / self.divisor for name, g in total.items()}
 
+    def end_window(self) -> None:
+        """Nothing to reduce: the micro-batches already averaged over the ranks."""
+
     def scale(self, factor: float) -> None:
         for p in self.named.values():
             if p.grad is not None:

@@ -8,7 +8,8 @@ Any module works if it has functions of this kind:
   ``sys.exit``) means the install failed, recorded as ``patch install error: <first line>``.
 * ``<name>_`` or ``<name>``: a utility the recipe calls instead of torch's
   (``clip_grad_norm`` -> ``clip_grad_norm_(params, max_norm, norm_type)``,
-  ``scale_grads`` -> ``scale_grads_(params, scaler)``).
+  ``scale_grads`` -> ``scale_grads_(params, scaler)``, ``finalize_backward`` ->
+  ``finalize_backward(root)`` after an accumulation window run with gradient sync off).
 
 A mapping (``{"uniform_reduce_dtype": "my_widen_patch"}``) overrides the lookup. A name
 the module has no function for is "not-provided": the cell's other patches still

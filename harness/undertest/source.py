@@ -21,7 +21,7 @@ __all__ = [
     "PatchSource", "check_patch_names", "deployed_patches", "is_path", "locate", "near_misses", "patch_names_in"]
 
 #: Patch names that are utilities the recipe calls, not process-global installs.
-UTILITIES = ("clip_grad_norm", "scale_grads")
+UTILITIES = ("clip_grad_norm", "finalize_backward", "scale_grads")
 
 
 def is_path(spec: str) -> bool:
