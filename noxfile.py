@@ -2,8 +2,10 @@
 
     nox -s matrix                      # every (torch, device) cell of matrix.yaml
     nox -s "matrix(torch='2.12.1', device='cpu')"
+    FSDP_COMPAT_MATRIX=my.yaml nox -s matrix   # another matrix file (or: nox -s matrix -- --config my.yaml)
     nox -s tests                       # the test suite (torch 2.13.0, CPU)
     nox -s report                      # reports/compat.{md,html,csv} from runs/matrix
+    nox -s prerelease                  # newest stable torch -> each pre-release torch of the records
     nox -s bench                       # launch amortization benchmark
     nox -s mutants                     # mutants of fsdp_patches: does some scenario catch each one?
     nox -s chaos                       # fault-injection soak of the launcher
@@ -14,27 +16,29 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 import nox
-from nox.command import CommandFailed
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 
 from harness.envs.install import torch_install_args  # noqa: E402
 from harness.envs.matrix import load_matrix  # noqa: E402
+from harness.envs.session import matrix_file, records_folder, run_cell  # noqa: E402
 
 nox.options.reuse_existing_virtualenvs = True
 
 try:
-    MATRIX = load_matrix(ROOT / "matrix.yaml")
+    MATRIX_FILE = matrix_file(ROOT, os.environ, sys.argv)
+    MATRIX = load_matrix(MATRIX_FILE)
 except ValueError as e:  # one line naming the field, exit 2 (not nox's traceback)
     print(f"error: {e}", file=sys.stderr)
     raise SystemExit(2) from None
 TEST_TORCH = "2.13.0"
-RUNS = ROOT / "runs" / "matrix"
+RUNS = records_folder(ROOT, MATRIX_FILE)
 
 
 @nox.session(venv_backend="uv", reuse_venv=True)
@@ -43,65 +47,10 @@ def matrix(session: nox.Session, torch: str, device: str) -> None:
     """One matrix cell: every scenario and variant on one torch version and device.
 
     ``nox -s matrix -- --runner pytest [-n N]`` runs the cells as pytest items instead
-    (the plugin in harness/pytest_plugin.py), with JUnit XML beside the records.
+    (the plugin in harness/pytest_plugin.py), with JUnit XML beside the records. The body:
+    ``harness.envs.session.run_cell``.
     """
-    runner, rest = _runner(session.posargs)
-    dev = MATRIX.device(device)
-    if device == "cuda" and not _gpu_visible():
-        session.skip("no GPU visible on this machine (nvidia-smi finds none)")
-    try:
-        session.install(*torch_install_args(torch, device, Path(session.virtualenv.location) / ".fsdp-compat"))
-    except CommandFailed:
-        session.error(f"torch {torch} cannot be installed for {device} (uv's reason is above)")
-    transformers = MATRIX.transformers_for(torch)
-    if transformers:  # the hf_ scenario pack; without it those cells are skipped with the reason
-        session.install(f"transformers=={transformers}")
-    out = RUNS / device / f"torch-{torch}.jsonl"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    for old in out.parent.glob(f"torch-{torch}*.jsonl"):
-        old.unlink()  # a rerun replaces this cell's records
-    env = {"PYTHONPATH": str(ROOT)}
-    if runner == "pytest":
-        session.install("pytest", "pytest-xdist")
-        args = ["-p", "harness.pytest_plugin", "--fsdp-compat", "--fsdp-compat-device", device,
-                "--fsdp-compat-out", str(out), "--fsdp-compat-patches", MATRIX.patches,
-                "--fsdp-compat-timeout", str(dev.timeout_s), f"--junitxml={out.with_suffix('.xml')}",
-                "-p", "no:cacheprovider", "-o", "testpaths=", "-q"]
-        args += [f"--fsdp-compat-world-size={ws}" for ws in dev.world_sizes]
-        args += [f"--fsdp-compat-patch-map={n}={fn}" for n, fn in MATRIX.patch_map.items()]
-        args += [f"--fsdp-compat-scenario={name}" for name in MATRIX.scenarios or []]
-        session.run("python", "-m", "pytest", *args, *rest, env=env)
-        return
-    # --expect-torch: the run stops at once unless the venv really holds the cell's torch
-    args = ["--device", device, "--out", str(out), "--patches", MATRIX.patches, "--timeout", str(dev.timeout_s),
-            "--expect-torch", torch]
-    for ws in dev.world_sizes:
-        args += ["--world-size", str(ws)]
-    for name in MATRIX.scenarios or []:
-        args += ["--scenario", name]
-    for name, fn in MATRIX.patch_map.items():
-        args += ["--patch-map", f"{name}={fn}"]
-    session.run("python", "-m", "harness", "run", *args, *rest, env=env)
-
-
-def _runner(posargs: list[str]) -> tuple[str, list[str]]:
-    """``--runner harness|pytest`` from the session's arguments, and the rest."""
-    args, runner = list(posargs), "harness"
-    if "--runner" in args:
-        i = args.index("--runner")
-        runner = args[i + 1] if i + 1 < len(args) else ""
-        del args[i:i + 2]
-    if runner not in ("harness", "pytest"):
-        raise SystemExit(f"--runner must be harness or pytest, got {runner!r}")
-    return runner, args
-
-
-def _gpu_visible() -> bool:
-    import shutil
-    import subprocess
-
-    smi = shutil.which("nvidia-smi")
-    return bool(smi) and subprocess.run([smi, "-L"], capture_output=True).returncode == 0
+    run_cell(session, MATRIX, torch, device, root=ROOT, runs=RUNS)
 
 
 def _install_project(session: nox.Session, *extras: str) -> None:
@@ -120,7 +69,7 @@ def tests(session: nox.Session) -> None:
 def report(session: nox.Session) -> None:
     """Build reports/compat.{md,html,csv} from the matrix records."""
     session.install("pandas", "packaging", "tabulate", "jinja2")
-    records = session.posargs or [str(RUNS.relative_to(ROOT))]  # relative: the report names its sources
+    records = _posargs(session) or [str(RUNS.relative_to(ROOT))]  # relative: the report names its sources
     session.run("python", "-m", "harness", "report", "--records", *records, "--out", "reports",
                 env={"PYTHONPATH": str(ROOT)})
 
@@ -132,6 +81,25 @@ def diff(session: nox.Session) -> None:
     session.run("python", "-m", "harness", "diff", *session.posargs, env={"PYTHONPATH": str(ROOT)})
 
 
+@nox.session
+def prerelease(session: nox.Session) -> None:
+    """The pre-release lane: what changes from the newest stable torch to each pre-release
+    torch of the records: nox -s prerelease [-- --records PATH... --out FILE] (default: the matrix's
+    records). Prints nothing when they hold no pre-release; exit 1 when a candidate got worse."""
+    session.install("pandas", "packaging", "tabulate", "jinja2")
+    args = _posargs(session)
+    if "--records" not in args:
+        args = ["--records", str(RUNS.relative_to(ROOT)), *args]
+    session.run("python", "-m", "harness", "prerelease", *args, env={"PYTHONPATH": str(ROOT)})
+
+
+def _posargs(session: nox.Session) -> list[str]:
+    """The session's arguments without ``--config FILE`` (read when the noxfile loads)."""
+    from harness.envs.session import without_config
+
+    return without_config(session.posargs)
+
+
 def _torch_env(session: nox.Session, torch: str, device: str) -> str:
     """A uv venv for ``torch`` (shared with the matrix cell's, so it is usually there); its python."""
     slug = torch.replace(".", "-")
@@ -139,8 +107,9 @@ def _torch_env(session: nox.Session, torch: str, device: str) -> str:
     python = venv / "bin" / "python"
     if not python.exists():
         session.run("uv", "venv", "-q", "-p", "3.11", str(venv), external=True)
-    session.run("uv", "pip", "install", "-q", "-p", str(python), *torch_install_args(torch, device, venv / ".fsdp-compat"),
-                external=True)
+    source = next((d.sources.get(torch) for d in MATRIX.devices if d.device == device), None)  # the pre-release lane
+    session.run("uv", "pip", "install", "-q", "-p", str(python),
+                *torch_install_args(torch, device, venv / ".fsdp-compat", source), external=True)
     return str(python)
 
 

@@ -1,4 +1,4 @@
-"""Command line: ``python -m harness list|run|repro|report``.
+"""Command line: ``python -m harness list|run|repro|report|diff|prerelease`` (or the ``fsdp-compat`` script).
 
 This module owns all argument parsing; the commands call plain functions. Bad input
 (unknown scenario, unsupported world size, bad device, missing patches module) gets one
@@ -20,6 +20,7 @@ from pathlib import Path
 
 from harness import console
 from harness.results.record import RecordError
+from harness.undertest.locations import caller_folder_importable
 from harness.vocabulary import VARIANTS
 
 __all__ = ["main"]
@@ -29,6 +30,7 @@ EXIT_USAGE = 2
 
 
 def main(argv: list[str] | None = None) -> int:
+    caller_folder_importable()
     args = _parser().parse_args(argv)
     try:
         return args.func(args)
@@ -86,7 +88,8 @@ def _cell_options() -> argparse.ArgumentParser:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m harness", description="FSDP2 patch compatibility harness")
+    prog = "fsdp-compat" if Path(sys.argv[0]).name == "fsdp-compat" else "python -m harness"
+    p = _Parser(prog=prog, description="FSDP2 patch compatibility harness")
     sub = p.add_subparsers(dest="command", required=True)
     scen, cell = _scenario_options(), _cell_options()
 
@@ -141,6 +144,12 @@ def _parser() -> argparse.ArgumentParser:
     df.add_argument("--strict", action="store_true",
                     help="exit 1 on any verdict change, better or worse (e.g. a run against its --shuffle rerun)")
     df.set_defaults(func=_cmd_diff)
+
+    pre = sub.add_parser("prerelease", help="the pre-release lane: newest stable torch -> each pre-release torch of "
+                                            "the records; exit 1 if a candidate got worse")
+    pre.add_argument("--records", nargs="+", action="extend", metavar="PATH", help=".jsonl files or folders (default: runs)")
+    pre.add_argument("--out", default=None, metavar="FILE", help="also write the Markdown here (empty: no pre-release)")
+    pre.set_defaults(func=_cmd_prerelease)
     return p
 
 
@@ -230,42 +239,29 @@ def _cmd_repro(args: argparse.Namespace) -> int:
     return 0 if rec.as_expected else EXIT_UNEXPECTED
 
 
+def _cmd_report(args: argparse.Namespace) -> int:
+    return _record_commands().report(args.records or ["runs"], args.out)
+
+
 def _cmd_diff(args: argparse.Namespace) -> int:
-    _needs_report_deps()
-    from harness.results.diff import diff_runs, load_side
-
-    result = diff_runs(load_side(args.old), load_side(args.new))
-    text = result.markdown()
-    print(text, end="")
-    if args.out:
-        Path(args.out).write_text(text)
-    if args.strict:
-        return EXIT_UNEXPECTED if result.verdict_changes else 0
-    return EXIT_UNEXPECTED if result.got_worse else 0
+    return _record_commands().diff(args.old, args.new, out=args.out, strict=args.strict)
 
 
-def _needs_report_deps() -> None:
-    """One line naming what is missing, instead of a traceback (e.g. in a torch-only venv)."""
+def _cmd_prerelease(args: argparse.Namespace) -> int:
+    return _record_commands().prerelease(args.records or ["runs"], out=args.out)
+
+
+def _record_commands():
+    """``harness.results.commands``, once what it needs is known to be installed."""
     import importlib.util
 
     missing = [m for m in ("pandas", "tabulate", "jinja2") if importlib.util.find_spec(m) is None]
-    if missing:
+    if missing:  # one line naming what is missing, instead of a traceback (e.g. in a torch-only venv)
         raise ValueError(f"this needs {', '.join(missing)}, missing in {sys.executable}: "
                          f"pip install {' '.join(missing)} (or run it through nox -s report)")
+    from harness.results import commands
 
-
-def _cmd_report(args: argparse.Namespace) -> int:
-    _needs_report_deps()
-    from harness.results.report import write_outputs
-    from harness.results.tables import build_tables
-
-    tables = build_tables(args.records or ["runs"])
-    written = write_outputs(tables, args.out)
-    if tables.skipped:
-        print(f"warning: skipped {len(tables.skipped)} malformed lines (listed in the report)", file=sys.stderr)
-    for path in written.values():
-        print(path)
-    return 0
+    return commands
 
 
 # --------------------------------------------------------------------------- output

@@ -117,3 +117,98 @@ def test_a_signal_while_the_summary_prints_exits_128_plus_n(monkeypatch, capsys)
     assert main(["run", "--scenario", "plain", "--quiet"]) == 128 + signal.SIGTERM
     out = capsys.readouterr().out
     assert "summary done" in out and "interrupted by SIGTERM" in out
+
+
+def _script() -> list[str]:
+    """The ``fsdp-compat`` console script of this interpreter's install (``python -m harness`` without one)."""
+    from pathlib import Path
+
+    script = Path(sys.executable).parent / "fsdp-compat"
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "harness"]
+
+
+def _third_party_repo(root):
+    """Another team's repository: patches inside its package (importing the rest of it, names of
+    their own) and a folder of its own scenarios, a package named ``scenarios`` like the project's."""
+    pkg = root / "acme_train"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "settings.py").write_text("ENABLED = True\n")
+    (pkg / "fsdp_patches.py").write_text(
+        "from acme_train.settings import ENABLED\n\n__version__ = '0.3.1'\n\n\n"
+        "def restore_params_nobody_used():\n    return None\n")
+    (root / "scenarios").mkdir()
+    (root / "scenarios" / "__init__.py").write_text("")
+    (root / "scenarios" / "acme_tiny.py").write_text(
+        '"""acme: a two-layer MLP."""\n\nfrom harness.spec import Scenario\nfrom scenarios._models import MLP, randn_batch\n\n'
+        "SCENARIO = Scenario(model=lambda: MLP((7, 5, 3)), batch=randn_batch(), world_sizes=(1,),\n"
+        '                    patches=("restore_unused_param_grads",))\n')
+
+
+@pytest.mark.slow
+def test_run_and_report_from_another_repository(tmp_path):
+    """From a folder outside the project: the project's scenarios (not the folder's own
+    ``scenarios`` package) and the user's folder, a patches module importable only from that
+    folder (named with --patch-map), then the report."""
+    repo = tmp_path / "acme"
+    _third_party_repo(repo)
+    cmd = _script()
+    res = subprocess.run([*cmd, "run", "--patches", "acme_train.fsdp_patches",
+                          "--patch-map", "restore_unused_param_grads=restore_params_nobody_used",
+                          "--scenarios-dir", "scenarios", "--scenario", "plain", "--scenario", "acme_tiny",
+                          "--world-size", "1", "--variant", "vanilla", "--variant", "patched", "--variant", "deployed",
+                          "--quiet"], cwd=repo, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    (records_file,) = (repo / "runs").glob("*.jsonl")
+    records = [json.loads(line) for line in records_file.read_text().splitlines()]
+    assert {(r["scenario"], r["variant"], r["status"]) for r in records} == {
+        ("plain", "vanilla", "pass"), ("plain", "deployed", "pass"), ("acme_tiny", "vanilla", "pass"),
+        ("acme_tiny", "patched", "pass"), ("acme_tiny", "deployed", "pass")}
+    patched = next(r for r in records if r["variant"] == "patched")
+    assert patched["patch_install"]["restore_unused_param_grads"]["status"] == "installed"
+    rep = subprocess.run([*cmd, "report"], cwd=repo, capture_output=True, text=True, timeout=120)
+    assert rep.returncode == 0, rep.stderr
+    md = (repo / "reports" / "compat.md").read_text()
+    assert "Patches module under test: acme_train.fsdp_patches 0.3.1 (sha256 " in md
+    assert str(tmp_path) not in md  # the report names the module, never where it lay
+
+
+@pytest.mark.slow
+def test_a_relative_patches_file_works_from_another_folder(tmp_path):
+    (tmp_path / "my_patches.py").write_text("def patch_fsdp_restore_unused_param_grads():\n    return None\n")
+    res = subprocess.run([sys.executable, "-m", "harness", "run", "--patches", "my_patches.py", "--scenario",
+                          "e_globally_unused_adamw", "--world-size", "1", "--variant", "patched", "--out", "r.jsonl",
+                          "--quiet"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    (rec,) = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
+    assert rec["patch_install"]["restore_unused_param_grads"]["status"] == "installed", res.stdout + res.stderr
+
+
+def test_workers_get_the_caller_s_module_by_absolute_path_or_import_root(tmp_path, monkeypatch):
+    from harness.undertest.locations import import_root, worker_spec
+
+    _third_party_repo(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert worker_spec("acme_train/fsdp_patches.py", ROOT) == str(tmp_path / "acme_train" / "fsdp_patches.py")
+    assert worker_spec("acme_train/fsdp_patches.py", tmp_path) == "acme_train/fsdp_patches.py"  # found there as given
+    assert worker_spec("acme_train.fsdp_patches", ROOT) == "acme_train.fsdp_patches"
+    assert import_root("acme_train.fsdp_patches") == tmp_path == import_root("acme_train")
+    assert import_root("acme_train/fsdp_patches.py") is None and import_root("no_such.module") is None
+    assert import_root("fsdp_patches", known=[str(ROOT)]) is None
+    assert import_root("yaml") is None  # an installed package: already on the workers' path
+
+
+@pytest.mark.parametrize("installed,wanted,ok", [("2.13.0+cpu", "2.13.0", True), ("2.16.0rc1", "2.16.0rc1", True),
+                                                 ("2.16.0rc1+cu128", "2.16.0rc1", True), ("2.16.0", "2.16.0rc1", False),
+                                                 ("2.16.0rc1", "2.16.0", False), ("2.13.0", "2.13", True)])
+def test_expect_torch_tells_a_prerelease_from_its_release(monkeypatch, installed, wanted, ok):
+    import importlib.metadata
+
+    from harness.launch.pipeline import _check_torch
+
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: installed)
+    if ok:
+        _check_torch(wanted)
+    else:
+        with pytest.raises(ValueError, match=f"installed torch {installed} is not the requested {wanted}"):
+            _check_torch(wanted)

@@ -160,3 +160,27 @@ def test_diff_lists_only_real_text_changes_and_shows_the_texts_as_they_were(tmp_
                                  *_cell("2.14.1", "error", msg="bang")])
     d = diff_runs(load_side(old), load_side(new))
     assert d.texts == ["s w2 on 2.14.1 (cpu): 'RuntimeError: boom' → 'RuntimeError: bang'"]
+
+
+def test_the_prerelease_lane_compares_the_newest_stable_release_with_each_candidate(tmp_path, capsys):
+    from harness.results.diff import prerelease_lane
+
+    stable = _run(tmp_path, "stable", [*_cell("2.14.1", "error"), *_cell("2.15.0", "error")])
+    assert prerelease_lane([stable]).markdown() == ""
+    assert cli_main(["prerelease", "--records", str(stable)]) == 0 and capsys.readouterr().out == ""
+    records = _run(tmp_path, "lane", [*_cell("2.14.1", "error"), *_cell("2.15.0", "error"),
+                                      *_cell("2.16.0rc1", "pass"), *_cell("2.17.0.dev20261201", "error", "mismatch"),
+                                      *_cell("2.16.0rc1", "error", scenario="t")])
+    lane = prerelease_lane([records])
+    titles = [d.markdown().splitlines()[0] for d in lane.diffs]
+    assert titles == ["## Changes: newest stable release on cpu (torch 2.15.0) → pre-release on cpu (torch 2.16.0rc1)",
+                      "## Changes: newest stable release on cpu (torch 2.15.0) → pre-release on cpu "
+                      "(torch 2.17.0.dev20261201)"]
+    assert lane.diffs[0].fixed_upstream == [
+        "s w2 on torch 2.15.0 → 2.16.0rc1 (cpu): patch needed → fixed upstream (vanilla pass, patched pass)"]
+    assert lane.diffs[0].added and not lane.diffs[0].got_worse and lane.diffs[1].got_worse
+    out = tmp_path / "lane.md"
+    assert cli_main(["prerelease", "--records", str(records), "--out", str(out)]) == 1
+    assert capsys.readouterr().out == out.read_text() and out.read_text().startswith("# Pre-release lane\n")
+    alone = _run(tmp_path, "alone", _cell("2.16.0rc1", "pass"))
+    assert prerelease_lane([alone]).alone == ["2.16.0rc1 (cpu)"]

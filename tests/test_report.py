@@ -279,3 +279,25 @@ def test_a_set_that_fails_together_blames_the_partner_broken_on_its_own(tmp_path
     recs = [*cell("pair", ["guard", "widen"], "mismatch"), *cell("solo_guard", ["guard"], "pass")]
     status = build_tables([write_jsonl(tmp_path / "s.jsonl", recs)]).patches.set_index("patch")["status"]
     assert status["widen"] == "broken" and status["guard"] == "broken"
+
+
+def test_prerelease_columns_are_marked_and_their_source_named(tmp_path: Path) -> None:
+    """A pre-release torch (the matrix's pre-release lane) is marked in every column head of its
+    device and its source is named; the CSV keeps the plain version; stable columns are unchanged."""
+    import pandas as pd
+
+    from harness.results.report import build_report
+
+    source = {"torch_source": "index https://download.pytorch.org/whl/test/cu128; pre-releases allowed"}
+    recs = [record("plain", "vanilla", "2.15.0", "pass", device="cuda"),
+            record("plain", "vanilla", "2.16.0rc1", "pass", device="cuda"),
+            record("plain", "vanilla", "2.15.0", "pass")]
+    recs[1]["env"] |= source
+    out = build_report([write_jsonl(tmp_path / "r.jsonl", recs)], tmp_path / "out")
+    md = out["md"].read_text()
+    assert "| 2.16.0rc1 (pre-release) |" in md.replace("   ", " ").replace("  ", " ")
+    assert ("- Torch 2.16.0rc1 is a pre-release: its columns judge a candidate, not a release (from index "
+            "https://download.pytorch.org/whl/test/cu128; pre-releases allowed).") in md
+    assert "2.15.0 (pre-release)" not in md and md.count("is a pre-release") == 1
+    assert "2.16.0rc1 (pre-release)" in out["html"].read_text()
+    assert sorted(set(pd.read_csv(out["csv"])["torch"])) == ["2.15.0", "2.16.0rc1"]

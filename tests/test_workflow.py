@@ -52,12 +52,16 @@ def _summary_step():
 
 
 def _fake_nox(tmp_path):
-    """``nox -s diff -- ARGS`` as ``python -m harness diff ARGS`` (no venv to build in a test)."""
+    """``nox -s diff -- ARGS`` as ``python -m harness diff ARGS``, ``nox -s prerelease -- ARGS`` as
+    ``python -m harness prerelease --records runs/matrix ARGS`` (no venv to build in a test)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     nox = bin_dir / "nox"
-    nox.write_text(f'#!/bin/sh\n[ "$1 $2 $3" = "-s diff --" ] || exit 9\nshift 3\n'
-                   f'PYTHONPATH={ROOT} exec {sys.executable} -m harness diff "$@"\n')
+    harness = f"PYTHONPATH={ROOT} exec {sys.executable} -m harness"
+    nox.write_text(f'#!/bin/sh\ncase "$1 $2 $3" in\n'
+                   f'  "-s diff --") shift 3; {harness} diff "$@";;\n'
+                   f'  "-s prerelease --") shift 3; {harness} prerelease --records runs/matrix "$@";;\n'
+                   f'  *) exit 9;;\nesac\n')
     nox.chmod(0o755)
     return bin_dir
 
@@ -69,7 +73,7 @@ def test_the_summary_puts_what_changed_since_the_last_run_first(tmp_path, worse)
 
     old = build_report([_run(tmp_path, "old", _cell("2.14.1", "error"))], tmp_path / "previous")
     new_cell = _cell("2.14.1", "error", "mismatch") if worse else _cell("2.14.1", "pass")
-    build_report([_run(tmp_path, "new", new_cell)], tmp_path / "reports")
+    build_report([_run(tmp_path, "runs/matrix", new_cell)], tmp_path / "reports")
     assert old["csv"] == tmp_path / "previous" / "compat.csv"
     summary = tmp_path / "summary.md"
     env = {**os.environ, "GITHUB_STEP_SUMMARY": str(summary), "PATH": f"{_fake_nox(tmp_path)}:{os.environ['PATH']}"}
@@ -87,10 +91,38 @@ def test_the_summary_says_when_there_is_no_previous_run(tmp_path):
     from harness.results.report import build_report
     from tests.test_diff import _cell, _run
 
-    build_report([_run(tmp_path, "new", _cell("2.14.1", "pass"))], tmp_path / "reports")
+    build_report([_run(tmp_path, "runs/matrix", _cell("2.14.1", "pass"))], tmp_path / "reports")
     summary = tmp_path / "summary.md"
-    env = {**os.environ, "GITHUB_STEP_SUMMARY": str(summary)}
+    env = {**os.environ, "GITHUB_STEP_SUMMARY": str(summary), "PATH": f"{_fake_nox(tmp_path)}:{os.environ['PATH']}"}
     res = subprocess.run(["bash", "-ec", _summary_step()], cwd=tmp_path, env=env, capture_output=True, text=True,
                          timeout=60)
     assert res.returncode == 0, res.stderr
     assert summary.read_text().startswith("No earlier successful run to compare with.")
+
+
+@pytest.mark.parametrize("worse", [False, True])
+def test_the_summary_puts_the_prerelease_lane_first_when_the_records_have_one(tmp_path, worse):
+    """A pre-release torch among the records: newest stable -> candidate comes before the run-to-run diff."""
+    from harness.results.report import build_report
+    from tests.test_diff import _cell, _run
+
+    build_report([_run(tmp_path, "old", _cell("2.15.0", "error"))], tmp_path / "previous")
+    candidate = _cell("2.16.0rc1", "error", "mismatch") if worse else _cell("2.16.0rc1", "pass")
+    for rec in candidate:
+        rec["env"] = {"torch_source": "find-links ./rc-wheels; pre-releases allowed"}
+    records = _run(tmp_path, "runs/matrix", [*_cell("2.14.1", "error"), *_cell("2.15.0", "error"), *candidate])
+    build_report([records], tmp_path / "reports")
+    summary = tmp_path / "summary.md"
+    env = {**os.environ, "GITHUB_STEP_SUMMARY": str(summary), "PATH": f"{_fake_nox(tmp_path)}:{os.environ['PATH']}"}
+    res = subprocess.run(["bash", "-ec", _summary_step()], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, res.stderr
+    text = summary.read_text()
+    assert text.startswith("# Pre-release lane\n")
+    lane = text.split("## Changes: previous/compat.csv")[0]
+    assert "## Changes: newest stable release on cpu (torch 2.15.0) → pre-release on cpu, from find-links " \
+           "./rc-wheels; pre-releases allowed (torch 2.16.0rc1)" in lane
+    assert ("s w2 on torch 2.15.0 → 2.16.0rc1 (cpu): patch needed → patch broken" in lane) == worse
+    assert ("s w2 on torch 2.15.0 → 2.16.0rc1 (cpu): patch needed → fixed upstream" in lane) != worse
+    assert ("pre-release torch got worse" in res.stdout) == worse
+    assert "| 2.16.0rc1 (pre-release)" in text  # the report's columns, after the diffs

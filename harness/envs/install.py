@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-__all__ = ["HARNESS_DEPS", "LOCAL_WHEELS", "cpu_overrides", "torch_install_args"]
+if TYPE_CHECKING:
+    from harness.envs.sources import TorchSource
+
+__all__ = ["HARNESS_DEPS", "LOCAL_WHEELS", "cpu_overrides", "source_args", "torch_install_args"]
 
 #: what the harness needs beside torch in every environment it makes: running cells
 #: (psutil reaps process trees) and building reports and diffs from that venv
@@ -54,19 +58,32 @@ nvidia-nvshmem-cu13==3.7.2
 """
 
 
-def torch_install_args(version: str, device: str, folder: Path) -> list[str]:
+def source_args(source: TorchSource | None) -> list[str]:
+    """``uv pip install`` arguments for a version's own source (``matrix.yaml``): its index,
+    searched before the default one, so the harness's other packages still come from there;
+    its wheel folder or page; pre-releases allowed."""
+    if source is None:
+        return []
+    args = ["--extra-index-url", source.index_url] if source.index_url else []
+    args += ["--find-links", source.find_links] if source.find_links else []
+    return args + (["--prerelease", "allow"] if source.pre else [])
+
+
+def torch_install_args(version: str, device: str, folder: Path, source: TorchSource | None = None) -> list[str]:
     """Arguments for ``uv pip install`` (nox's ``session.install``) of torch ``version``.
 
-    CPU cells take a local CPU wheel where one exists, and otherwise the CUDA build with
-    shared CUDA libraries and no Triton (``cpu_overrides``); CUDA cells take the release
-    exactly as published.
+    CPU cells take a local CPU wheel where one exists (the version's own find-links
+    folder first), and otherwise the CUDA build with shared CUDA libraries and no Triton
+    (``cpu_overrides``); CUDA cells take the release exactly as published. ``source``: the
+    version's own index or wheels (``source_args``).
     """
-    args = [f"torch=={version}", *HARNESS_DEPS]
+    args = [f"torch=={version}", *HARNESS_DEPS, *source_args(source)]
     if device != "cpu":
         return args
-    for wheels in _wheel_folders():
+    own = source.find_links if source and source.find_links and Path(source.find_links).is_dir() else None
+    for wheels in [*([own] if own else []), *_wheel_folders()]:
         if any(Path(wheels).glob(f"torch-{version}+cpu-*.whl")):
-            return [*args, "--find-links", wheels]
+            return args if wheels == own else [*args, "--find-links", wheels]  # its own folder is searched already
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "cpu-overrides.txt"
     path.write_text(cpu_overrides(version))

@@ -2,6 +2,12 @@
 
 Every problem is a ``ValueError`` whose message is one line naming the field, so the
 command line can print it and exit 2.
+
+Beside the cells: ``install`` (what every torch version's venv gets besides torch: pins
+or local paths, for all versions or per torch range), ``scenarios_dirs`` (scenario
+folders besides the project's) and, in a device's ``torch`` list, a version given as a
+mapping with its own source (``{version: "2.16.0rc1", index_url: ..., pre: true}``: the
+pre-release lane). Paths are relative to the matrix file.
 """
 
 from __future__ import annotations
@@ -12,11 +18,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.envs.sources import (
+    SOURCE_VERSION,
+    TorchSource,
+    in_range,
+    parse_install,
+    parse_scenarios_dirs,
+    parse_source,
+)
 from harness.scenario.scan import Catalog, read_catalog
+from harness.undertest.source import is_path
 
 __all__ = ["DeviceMatrix", "Matrix", "load_matrix", "parse_matrix"]
 
-_TOP_KEYS = {"patches", "patch_map", "scenarios", "world_sizes", "timeout_s", "devices", "transformers"}
+_TOP_KEYS = {"patches", "patch_map", "scenarios", "scenarios_dirs", "world_sizes", "timeout_s", "devices",
+             "transformers", "install"}
 _DEVICE_KEYS = {"torch", "world_sizes", "timeout_s"}
 _DEVICES = ("cpu", "cuda")
 _VERSION = re.compile(r"^\d+\.\d+\.\d+$")
@@ -28,6 +44,8 @@ class DeviceMatrix:
     torch: tuple[str, ...]
     world_sizes: tuple[int, ...]
     timeout_s: float
+    #: version -> its own source, for the versions the matrix gives one
+    sources: dict[str, TorchSource] = field(default_factory=dict)
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -38,12 +56,23 @@ class Matrix:
     devices: tuple[DeviceMatrix, ...] = ()
     #: torch version range -> transformers release for the hf_ pack
     transformers: dict[str, str] = field(default_factory=dict)
+    #: torch version range ("" = every version) -> what every venv of that range installs
+    #: (requirements, absolute wheel paths, ``-e`` + absolute folder)
+    install: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    #: extra scenario folders (absolute)
+    scenarios_dirs: tuple[str, ...] = ()
 
     def transformers_for(self, torch_version: str) -> str | None:
         """The transformers release the hf_ pack installs beside ``torch_version`` (None: the pack is skipped)."""
-        from packaging.specifiers import SpecifierSet
+        return next((v for spec, v in self.transformers.items() if in_range(torch_version, spec)), None)
 
-        return next((v for spec, v in self.transformers.items() if torch_version in SpecifierSet(spec)), None)
+    def install_for(self, torch_version: str) -> list[str]:
+        """``install`` arguments for the venv of ``torch_version``: every matching range's, in file order."""
+        return [a for spec, args in self.install.items() if not spec or in_range(torch_version, spec) for a in args]
+
+    def source(self, torch_version: str, device: str) -> TorchSource | None:
+        """The version's own source on ``device`` (None: the default index)."""
+        return self.device(device).sources.get(torch_version)
 
     def cells(self) -> list[tuple[str, str]]:
         """(torch version, device) pairs, one nox session each."""
@@ -70,7 +99,7 @@ def load_matrix(path: str | Path = "matrix.yaml") -> Matrix:
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark is not None else ""
         raise ValueError(f"{p.name}: not valid YAML{where}") from e
-    return parse_matrix(data, p.name)
+    return parse_matrix(data, p.name, base=p.resolve().parent)
 
 
 class _DuplicateKey(Exception):
@@ -95,17 +124,28 @@ def _strict_loader():
     return StrictLoader
 
 
-def parse_matrix(data: Any, name: str = "matrix.yaml") -> Matrix:
+def parse_matrix(data: Any, name: str = "matrix.yaml", *, base: Path | None = None) -> Matrix:
+    """``base``: the folder relative paths are taken from (the matrix file's; default: the current one)."""
     if not isinstance(data, dict):
         raise ValueError(f"{name}: the top level must be a mapping")
     _no_unknown(data, _TOP_KEYS, name)
+    base = base or Path.cwd()
     patches = data.get("patches", "fsdp_patches")
     if not isinstance(patches, str) or not patches:
         raise ValueError(f"{name}: 'patches' must be a module name or a .py path")
+    if is_path(patches):
+        path = (base / patches).resolve()
+        if not path.exists():
+            raise ValueError(f"{name}: 'patches': no file {patches!r} (looked for {path})")
+        patches = str(path)
     patch_map = data.get("patch_map") or {}
     if not isinstance(patch_map, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in patch_map.items()):
         raise ValueError(f"{name}: 'patch_map' must map patch names to function names")
+    dirs = parse_scenarios_dirs(data.get("scenarios_dirs", []), f"{name}: 'scenarios_dirs'", base)
     catalog = read_catalog()
+    for folder in dirs:
+        extra = read_catalog(Path(folder))
+        catalog = Catalog(names=catalog.names | extra.names, world_sizes=catalog.world_sizes | extra.world_sizes)
     scenarios = data.get("scenarios", "all")
     if scenarios == "all":
         chosen = None
@@ -129,25 +169,37 @@ def parse_matrix(data: Any, name: str = "matrix.yaml") -> Matrix:
         if not isinstance(settings, dict):
             raise ValueError(f"{where} must be a mapping")
         _no_unknown(settings, _DEVICE_KEYS, where)
-        versions = settings.get("torch")
-        if not isinstance(versions, list) or not versions:
+        entries = settings.get("torch")
+        if not isinstance(entries, list) or not entries:
             raise ValueError(f"{where}.torch must be a non-empty list of versions like \"2.13.0\"")
-        for v in versions:
-            if not isinstance(v, str) or not _VERSION.match(v):
+        versions, sources = [], {}
+        for v in entries:
+            if isinstance(v, dict):
+                src = parse_source(v, f"{where}.torch", base)
+                versions.append(src.version)
+                sources[src.version] = src
+            elif isinstance(v, str) and SOURCE_VERSION.match(v) and not _VERSION.match(v):
+                raise ValueError(f"{where}.torch: {v!r} is a pre-release: give it with its source, "
+                                 f"{{version: \"{v}\", index_url: ... or find_links: ..., pre: true}}")
+            elif not isinstance(v, str) or not _VERSION.match(v):
                 raise ValueError(f"{where}.torch: bad version {v!r} (write it as a quoted \"X.Y.Z\")")
+            else:
+                versions.append(v)
         if len(set(versions)) != len(versions):
             raise ValueError(f"{where}.torch lists a version twice")
         parsed.append(
             DeviceMatrix(
                 device=dev,
                 torch=tuple(versions),
+                sources=sources,
                 world_sizes=(_world_sizes(settings["world_sizes"], f"{where}.world_sizes", catalog)
                              if "world_sizes" in settings else world_sizes),
                 timeout_s=_timeout(settings["timeout_s"], f"{where}.timeout_s") if "timeout_s" in settings else timeout,
             )
         )
     return Matrix(patches=patches, patch_map=dict(patch_map), scenarios=chosen, devices=tuple(parsed),
-                  transformers=_ranges(data.get("transformers", {}), f"{name}: 'transformers'"))
+                  transformers=_ranges(data.get("transformers", {}), f"{name}: 'transformers'"),
+                  install=parse_install(data.get("install", []), f"{name}: 'install'", base), scenarios_dirs=dirs)
 
 
 def _ranges(value: Any, where: str) -> dict[str, str]:

@@ -26,7 +26,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ from harness.process.crashlog import crash_cause, exit_message, fatal_signal, ta
 from harness.process.gpus import gpu_slice, skip_reason, visible_gpus, worker_slot
 from harness.protocol import IDLE, LaunchPlan, phase_words, read_exit, read_phase
 from harness.results import record
+from harness.undertest.locations import import_root, worker_spec
 
 __all__ = ["LaunchOptions", "RunResult", "run_cells"]
 
@@ -75,6 +76,9 @@ class LaunchOptions:
     #: how long a launch may take to start its first cell (imports, rendezvous)
     startup_timeout_s: float = 180.0
     on_record: Callable[[record.Record], None] | None = None
+    #: folders the workers import from after the project's and the caller's ``PYTHONPATH``
+    #: (``run_cells`` adds the one a dotted patches module was found under)
+    python_path: list[str] = field(default_factory=list)
 
 
 @dataclass(kw_only=True)
@@ -91,6 +95,12 @@ def run_cells(cells: list[Cell], opts: LaunchOptions) -> RunResult:
     """Run every cell; every cell ends with a record, unless a signal stops the run.
     ``ValueError`` when the records file or the launch folder cannot be written."""
     prepare_out(opts.out_path, opts.log_dir)
+    # the workers run in the project's folder: a module named from the caller's folder is
+    # given to them by absolute path, or found through the folder it was found under
+    opts = replace(opts, patches_module=worker_spec(opts.patches_module, PROJECT_ROOT))
+    root = import_root(opts.patches_module, known=[str(PROJECT_ROOT)])
+    if root is not None and str(root) not in opts.python_path:
+        opts.python_path = [*opts.python_path, str(root)]
     result = RunResult()
     with procs.subreaper(), _stop_on_signals(result):
         for group in group_into_launches(cells, per=opts.per, isolate=opts.isolate):
@@ -263,7 +273,7 @@ def _start(plan: LaunchPlan, plan_path: Path, log_path: Path, opts: LaunchOption
            "-m", "harness.rank.worker", "--plan", str(plan_path.resolve())]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.setdefault("OMP_NUM_THREADS", "1")
-    env["PYTHONPATH"] = os.pathsep.join([str(PROJECT_ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    env["PYTHONPATH"] = os.pathsep.join([str(PROJECT_ROOT), *filter(None, [env.get("PYTHONPATH")]), *opts.python_path])
     if plan.device == "cuda":
         env["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_slice(visible_gpus(), *worker_slot(), world // opts.nnodes))
     log_path.write_text("$ " + " ".join(cmd) + "\n")

@@ -1,6 +1,8 @@
 """The table a maintainer acts on: per patch, the torch versions where it is needed, can
 be replaced by a public API, backports a feature, can be retired, is broken or is not
-provided, as version ranges, with the evidence and the caveats.
+provided, as version ranges, with the evidence and the caveats; and which torch columns
+are a pre-release (the matrix's pre-release lane: a candidate, not a release) or came from
+a source of their own.
 """
 
 from __future__ import annotations
@@ -9,10 +11,12 @@ import re
 from collections.abc import Sequence
 
 import pandas as pd
+from packaging.version import InvalidVersion, Version
 
 from harness.vocabulary import PS_API, PS_BACKPORT, PS_BROKEN, PS_NEEDED, PS_NOT_PROVIDED, PS_RETIRE
 
-__all__ = ["LIFECYCLE_COLUMNS", "deployed_line", "lifecycle", "version_ranges"]
+__all__ = ["LIFECYCLE_COLUMNS", "deployed_line", "is_prerelease", "lane_notes", "lifecycle", "torch_columns",
+           "torch_source", "version_ranges"]
 
 _UNJUDGED = "no verdict (why)"
 
@@ -84,3 +88,38 @@ def deployed_line(deployed: pd.DataFrame, device: str, versions: Sequence[str]) 
     where = "; ".join(f"{v}: {mine.at[v, 'where']}" for v in bad)
     return (f"The deployed set (every patch installed together) ran {total} cells on "
             f"{version_ranges(versions, set(ran))}; not as documented on {where}.")
+
+
+# --------------------------------------------------------------------------- the pre-release lane
+
+
+def is_prerelease(version: str) -> bool:
+    """``2.16.0rc1``, ``2.16.0.dev20260301``: a torch that is not a release yet."""
+    try:
+        return Version(version).is_prerelease
+    except InvalidVersion:
+        return False
+
+
+def torch_columns(frame: pd.DataFrame, versions: Sequence[str]) -> pd.DataFrame:
+    """``frame``'s torch columns in ``versions`` order, a pre-release's head marked "(pre-release)"."""
+    return frame.reindex(columns=list(versions)).rename(
+        columns={v: f"{v} (pre-release)" for v in versions if is_prerelease(v)})
+
+
+def torch_source(environment: pd.DataFrame, device: str, version: str) -> str:
+    """Where that torch came from, as the matrix's source entry named it ("" for none)."""
+    mine = environment[(environment["device"] == device) & (environment["torch"] == version)]
+    return str(mine["torch source"].iloc[0]) if len(mine) and "torch source" in mine else ""
+
+
+def lane_notes(environment: pd.DataFrame, device: str, versions: Sequence[str]) -> list[str]:
+    """One line per torch of ``device`` that is a pre-release or came from a source of its own."""
+    notes = []
+    for v in versions:
+        source = torch_source(environment, device, v)
+        if is_prerelease(v) or source:
+            what = "a pre-release: its columns judge a candidate, not a release" if is_prerelease(v) \
+                else "a release from a source of its own"
+            notes.append(f"Torch {v} is {what}" + (f" (from {source})." if source else "."))
+    return notes

@@ -22,10 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
+from packaging.version import Version
 
+from harness.results.decisions import is_prerelease, torch_source
 from harness.results.ledger_changes import CellKey, Summary, run_changes
 from harness.results.safe import read_report_csv
-from harness.results.tables import build_tables, release, sorted_torch
+from harness.results.tables import ReportTables, build_tables, release, sorted_torch
 from harness.vocabulary import (
     DEPLOYED_BROKEN,
     FIXED_UPSTREAM,
@@ -37,7 +39,7 @@ from harness.vocabulary import (
     VARIANTS,
 )
 
-__all__ = ["RunDiff", "diff_runs", "load_side", "normalise_error", "same_error"]
+__all__ = ["PrereleaseLane", "RunDiff", "diff_runs", "load_side", "normalise_error", "prerelease_lane", "same_error"]
 
 KEY = ["device", "scenario", "world_size", "torch"]
 BAD = {PATCH_BROKEN, DEPLOYED_BROKEN, REGRESSION, NOT_PROVIDED}
@@ -117,11 +119,60 @@ def load_side(path: str | Path) -> Side:
     else:
         tables = build_tables([p])
         cells, patches, ledgers = tables.cells, tables.patches, tables.ledgers
+    return _side(cells, patches, ledgers, str(path))
+
+
+def _side(cells: pd.DataFrame, patches: pd.DataFrame, ledgers: dict[CellKey, Summary], label: str) -> Side:
     cells = cells.assign(torch=[release(str(t)) for t in cells["torch"]], world_size=cells["world_size"].astype(int))
     statuses = [v for v in VARIANTS if v in cells.columns]
     cells = cells[cells[statuses].astype(str).ne("").any(axis=1)]  # cells that ran, not the grid's empty places
     patches = patches.assign(torch=[release(str(t)) for t in patches["torch"]])
-    return Side(cells=cells, patches=patches, label=str(path), ledgers=ledgers)
+    return Side(cells=cells, patches=patches, label=label, ledgers=ledgers)
+
+
+@dataclass(kw_only=True)
+class PrereleaseLane:
+    """Per device, the newest stable torch of the records against each pre-release torch."""
+
+    diffs: list[RunDiff] = field(default_factory=list)
+    #: pre-releases with no stable release below them in the records
+    alone: list[str] = field(default_factory=list)
+
+    @property
+    def got_worse(self) -> bool:
+        return any(d.got_worse for d in self.diffs)
+
+    def markdown(self) -> str:
+        """Empty when the records hold no pre-release."""
+        parts = [d.markdown() for d in self.diffs]
+        parts += [f"## Pre-release {a}: no stable release below it in the records to compare with.\n" for a in self.alone]
+        return "\n".join(["# Pre-release lane\n", *parts]) if parts else ""
+
+
+def prerelease_lane(paths: list[str | Path]) -> PrereleaseLane:
+    """What changes from the newest stable torch to each pre-release torch (2.16.0rc1, a .dev
+    build) of the records, per device: the pre-release lane of ``matrix.yaml``."""
+    tables = build_tables(paths)
+    lane = PrereleaseLane()
+    for device in tables.devices:
+        versions = tables.versions(device)
+        for candidate in [v for v in versions if is_prerelease(v)]:
+            stable = [v for v in versions if not is_prerelease(v) and sorted_torch([v, candidate])[0] == v]
+            if not stable:
+                lane.alone.append(f"{candidate} ({device})")
+                continue
+            source = torch_source(tables.environment, device, candidate)
+            old = _one_torch(tables, device, stable[-1], f"newest stable release on {device}")
+            new = _one_torch(tables, device, candidate, f"pre-release on {device}{', from ' + source if source else ''}")
+            lane.diffs.append(diff_runs(old, new))
+    return lane
+
+
+def _one_torch(tables: ReportTables, device: str, torch: str, label: str) -> Side:
+    cells = tables.cells[(tables.cells["device"] == device) & (tables.cells["torch"] == torch)]
+    patches = tables.patches[(tables.patches["device"] == device) & (tables.patches["torch"] == torch)]
+    ledgers = {k: v for k, v in tables.ledgers.items() if k[0] == device and Version(k[3]) == Version(torch)}
+    return _side(cells, patches, ledgers, label)
 
 
 def _where(row) -> str:

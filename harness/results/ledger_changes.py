@@ -73,8 +73,9 @@ def describe(before: Summary, after: Summary) -> list[str]:
 
 
 def _release(version: str) -> Version:
+    """``2.13.0+cpu`` -> 2.13.0; a pre-release stays one (``2.16.0rc1`` is not 2.16.0)."""
     try:
-        return Version(Version(version).base_version)
+        return Version(Version(version).public)
     except InvalidVersion:
         return Version("0")
 

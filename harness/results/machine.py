@@ -8,7 +8,11 @@ import platform
 import socket
 from typing import Any
 
-__all__ = ["environment", "torch_info"]
+__all__ = ["TORCH_SOURCE_ENV", "environment", "torch_info"]
+
+#: where torch came from when not from the default index (``nox -s matrix`` sets it from a
+#: ``matrix.yaml`` source entry: "index URL", "find-links PATH", "pre-releases allowed")
+TORCH_SOURCE_ENV = "FSDP_COMPAT_TORCH_SOURCE"
 
 
 @functools.cache
@@ -28,4 +32,4 @@ def environment() -> dict[str, Any]:
             "torch_build": f"cu{cuda.replace('.', '')}" if cuda else "cpu", "cuda": cuda,
             "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
             "host": socket.gethostname(), "platform": f"{platform.system()}-{platform.machine()}",
-            "cpus": os.cpu_count()}
+            "cpus": os.cpu_count(), "torch_source": os.environ.get(TORCH_SOURCE_ENV) or None}

@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from harness.bugs import legend_rows
-from harness.results.decisions import deployed_line, lifecycle, version_ranges
+from harness.results.decisions import deployed_line, lane_notes, lifecycle, torch_columns, version_ranges
 from harness.results.safe import content_security_policy, md_text, read_report_csv, safe_id, write_report_csv
 from harness.results.tables import LONG_COLUMNS, ReportTables, build_tables, verdict_counts
 from harness.results.verdict import rule_rows
@@ -90,14 +90,14 @@ def _grid(tables: ReportTables, device: str, value) -> pd.DataFrame:
     mine = tables.cells[tables.cells["device"] == device]
     frame = mine.assign(_v=[value(r) for r in mine.to_dict("records")])
     pivot = frame.pivot(index=["scenario", "world_size"], columns="torch", values="_v")
-    return pivot.reindex(columns=tables.versions(device)).sort_index().rename_axis(["scenario", "w"]).fillna("")
+    return torch_columns(pivot, tables.versions(device)).sort_index().rename_axis(["scenario", "w"]).fillna("")
 
 
 def _patch_grid(tables: ReportTables, device: str, column: str) -> pd.DataFrame:
     mine = tables.patches[tables.patches["device"] == device]
     if mine.empty:
         return pd.DataFrame()
-    return mine.pivot(index="patch", columns="torch", values=column).reindex(columns=tables.versions(device))
+    return torch_columns(mine.pivot(index="patch", columns="torch", values=column), tables.versions(device))
 
 
 def _details(cells: pd.DataFrame) -> pd.DataFrame:
@@ -110,7 +110,7 @@ def _details(cells: pd.DataFrame) -> pd.DataFrame:
 def _notes(tables: ReportTables, device: str) -> list[str]:
     mine = tables.cells[tables.cells["device"] == device]
     versions = tables.versions(device)
-    notes = []
+    notes = lane_notes(tables.environment, device, versions)
     adjusted = mine[mine["reference_adjusted"] != ""]
     for quirk, g in adjusted.groupby("reference_adjusted"):
         notes.append(f"{ADJUSTED} Reference adjusted on {version_ranges(versions, set(g['torch']))} "
@@ -125,8 +125,8 @@ def _notes(tables: ReportTables, device: str) -> list[str]:
 
 
 def _environment(tables: ReportTables, device: str) -> pd.DataFrame:
-    env = tables.environment[tables.environment["device"] == device].set_index("torch")
-    return env.drop(columns="device").T.reindex(columns=tables.versions(device)).fillna("")
+    env = tables.environment[tables.environment["device"] == device].set_index("torch").drop(columns="device").T
+    return torch_columns(env[env.ne("").any(axis=1)], tables.versions(device)).fillna("")  # rows with something
 
 
 def _header(tables: ReportTables) -> list[str]:

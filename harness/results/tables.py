@@ -47,13 +47,13 @@ __all__ = [
 ]
 
 CELL_KEY: tuple[str, ...] = ("scenario", "torch", "device", "world_size")
-ENV_FIELDS: tuple[str, ...] = ("python", "torch", "torch_build", "gpu", "host", "platform", "cpus")
+ENV_FIELDS: tuple[str, ...] = ("python", "torch", "torch_build", "gpu", "host", "platform", "cpus", "torch_source")
 LONG_COLUMNS: tuple[str, ...] = (
     "device", "scenario", "world_size", "torch", "patches", "verdict", "rule", "unexpected", "caveats",
     *(f"{v}{suffix}" for v in VARIANTS for suffix in ("", "_exc", "_max_abs_diff")),
     "worst", "reference_adjusted", "upstream", "public_api", "bug_observable", "backend", "torch_build", "patches_module",
 )
-ENV_LABELS: tuple[str, ...] = ("torch build", "python", "device name", "backend", "host", "machine", "date")
+ENV_LABELS: tuple[str, ...] = ("torch build", "python", "device name", "backend", "host", "machine", "date", "torch source")
 
 
 def release(version: str) -> str:
@@ -247,7 +247,7 @@ def environment_table(latest: pd.DataFrame) -> pd.DataFrame:
                      "python": _joined(g["env_python"]),
                      "device name": _joined(gpu if gpu else dev for gpu, dev in zip(g["env_gpu"], g["device"])),
                      "backend": _joined(g["backend"]), "host": _joined(g["env_host"]), "machine": _joined(machines),
-                     "date": _date_range(g["started_at"])})
+                     "date": _date_range(g["started_at"]), "torch source": _joined(g["env_torch_source"])})
     return pd.DataFrame(rows, columns=["device", "torch", *ENV_LABELS])
 
 

@@ -53,8 +53,7 @@ class Library:
 
 def load_scenarios(extra_dirs: list[str] | None = None) -> Library:
     """All scenarios by name, in file order. Duplicate names are an error."""
-    import scenarios as package
-
+    package = _project_library()
     library = Library()
     folder = Path(package.__path__[0])
     for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
@@ -68,6 +67,22 @@ def load_scenarios(extra_dirs: list[str] | None = None) -> Library:
             if not file.name.startswith("_"):
                 _load(lambda f=file: import_file(f, f"{USER_PACKAGE}.{f.stem}"), file, library)
     return library
+
+
+def _project_library() -> ModuleType:
+    """The project's ``scenarios`` package, by its path beside ``harness``: a folder or package
+    of the same name in the folder a run starts from (``python -m harness`` puts it first on
+    ``sys.path``) must not stand in for it."""
+    import sys
+
+    folder = Path(__file__).resolve().parents[2] / "scenarios"
+    loaded = sys.modules.get("scenarios")
+    if loaded is not None and [Path(p).resolve() for p in getattr(loaded, "__path__", [])] == [folder]:
+        return loaded
+    if loaded is not None:  # another one came first: the project's takes its name (and its submodules' names)
+        for name in [m for m in sys.modules if m == "scenarios" or m.startswith("scenarios.")]:
+            del sys.modules[name]
+    return import_file(folder, "scenarios")
 
 
 #: a scenario file whose import takes longer than this is a load error (main thread only)

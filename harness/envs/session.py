@@ -1,0 +1,151 @@
+"""``nox -s matrix``: which matrix file nox reads, and the body of one (torch, device) session.
+
+The body lives here, not in ``noxfile.py``, so a test can run it with a stand-in session
+(anything with nox's ``install``, ``run``, ``skip``, ``error``, ``posargs`` and
+``virtualenv.location``).
+
+Another matrix file: ``FSDP_COMPAT_MATRIX=my.yaml nox -s matrix`` or ``nox -s matrix --
+--config my.yaml`` (relative paths are taken from the project folder, where nox runs);
+its records go to ``runs/matrix-<name>/`` so they never mix with the default matrix's.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from harness.envs.install import torch_install_args
+from harness.envs.matrix import Matrix
+from harness.results.machine import TORCH_SOURCE_ENV
+
+__all__ = ["MATRIX_ENV", "gpu_visible", "matrix_file", "records_folder", "run_cell", "session_args",
+           "without_config"]
+
+MATRIX_ENV = "FSDP_COMPAT_MATRIX"
+DEFAULT_MATRIX = "matrix.yaml"
+
+
+def _take(args: Sequence[str], option: str) -> tuple[str | None, list[str]]:
+    """``option VALUE`` or ``option=VALUE`` taken out of ``args``: (value or None, the rest)."""
+    rest, value = list(args), None
+    for i, arg in enumerate(rest):
+        if arg == option:
+            if i + 1 >= len(rest):
+                raise ValueError(f"{option} needs a value")
+            value = rest[i + 1]
+            del rest[i:i + 2]
+            break
+        if arg.startswith(option + "="):
+            value = arg.partition("=")[2]
+            del rest[i]
+            break
+    return value, rest
+
+
+def without_config(posargs: Sequence[str]) -> list[str]:
+    """A session's arguments without ``--config FILE`` (``matrix_file`` read it when nox loaded)."""
+    return _take(posargs, "--config")[1]
+
+
+def session_args(posargs: Sequence[str]) -> tuple[str, list[str]]:
+    """A matrix session's arguments: the runner (``--runner harness|pytest``) and what goes
+    on to it (``--config`` dropped)."""
+    runner, rest = _take(without_config(posargs), "--runner")
+    runner = "harness" if runner is None else runner
+    if runner not in ("harness", "pytest"):
+        raise ValueError(f"--runner must be harness or pytest, got {runner!r}")
+    return runner, rest
+
+
+def matrix_file(root: Path, environ: Mapping[str, str], argv: Sequence[str]) -> Path:
+    """The matrix nox parametrizes from: ``--config PATH`` among the session arguments
+    (after ``--``), else ``$FSDP_COMPAT_MATRIX``, else ``matrix.yaml``; relative to ``root``.
+    ``ValueError`` when both name a file and not the same one."""
+    args = list(argv)
+    from_args = _take(args[args.index("--") + 1:], "--config")[0] if "--" in args else None
+    from_env = environ.get(MATRIX_ENV) or None
+    paths = [(root / p).resolve() for p in (from_args, from_env) if p]
+    if len(paths) == 2 and paths[0] != paths[1]:
+        raise ValueError(f"--config {from_args} and {MATRIX_ENV}={from_env} name different matrix files")
+    return paths[0] if paths else root / DEFAULT_MATRIX
+
+
+def records_folder(root: Path, matrix: Path) -> Path:
+    """``runs/matrix`` for the project's matrix.yaml, ``runs/matrix-<name>`` for another file."""
+    default = matrix.resolve() == (root / DEFAULT_MATRIX).resolve()
+    return root / "runs" / ("matrix" if default else f"matrix-{matrix.stem}")
+
+
+def gpu_visible() -> bool:
+    smi = shutil.which("nvidia-smi")
+    return bool(smi) and subprocess.run([smi, "-L"], capture_output=True).returncode == 0
+
+
+def run_cell(session: Any, matrix: Matrix, torch: str, device: str, *, root: Path, runs: Path) -> None:
+    """One matrix cell: install torch ``torch`` (from its own source where the matrix gives
+    one), the hf_ pack's transformers and the matrix's ``install`` entries into the session's
+    venv, then run every scenario (the project's and ``scenarios_dirs``) and variant on
+    ``device``; records in ``runs/<device>/torch-<torch>.jsonl``.
+
+    ``-- --runner pytest`` runs the cells as pytest items instead (the plugin in
+    ``harness/pytest_plugin.py``), with JUnit XML beside the records."""
+    from nox.command import CommandFailed
+
+    try:
+        runner, rest = session_args(session.posargs)
+    except ValueError as e:
+        session.error(str(e))
+    dev = matrix.device(device)
+    if device == "cuda" and not gpu_visible():
+        session.skip("no GPU visible on this machine (nvidia-smi finds none)")
+    source = matrix.source(torch, device)
+    torch_args = torch_install_args(torch, device, Path(session.virtualenv.location) / ".fsdp-compat", source)
+    try:
+        session.install(*torch_args)
+    except CommandFailed:
+        origin = f" from {source.label}" if source else ""
+        session.error(f"torch {torch} cannot be installed for {device}{origin} (uv's reason is above)")
+    transformers = matrix.transformers_for(torch)
+    if transformers:  # the hf_ scenario pack; without it those cells are skipped with the reason
+        session.install(f"transformers=={transformers}")
+    extra = matrix.install_for(torch)
+    if extra:  # resolved with torch's own arguments again, so torch and its libraries stay as they are
+        try:
+            session.install(*torch_args, *extra)
+        except CommandFailed:
+            session.error(f"the matrix's 'install' entries cannot be installed beside torch {torch} "
+                          f"(uv's reason is above)")
+    out = runs / device / f"torch-{torch}.jsonl"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for old in [out, *out.parent.glob(f"torch-{torch}-*.jsonl")]:
+        old.unlink(missing_ok=True)  # a rerun replaces this cell's records (pytest-xdist writes one file per worker)
+    env = {"PYTHONPATH": str(root)}
+    if source is not None:
+        env[TORCH_SOURCE_ENV] = source.label  # stamped on every record; the report names it
+    if runner == "pytest":
+        session.install("pytest", "pytest-xdist")
+        args = ["-p", "harness.pytest_plugin", "--fsdp-compat", "--fsdp-compat-device", device,
+                "--fsdp-compat-out", str(out), "--fsdp-compat-patches", matrix.patches,
+                "--fsdp-compat-timeout", str(dev.timeout_s), f"--junitxml={out.with_suffix('.xml')}",
+                "-p", "no:cacheprovider", "-o", "testpaths=", "-q"]
+        args += [f"--fsdp-compat-world-size={ws}" for ws in dev.world_sizes]
+        args += [f"--fsdp-compat-patch-map={n}={fn}" for n, fn in matrix.patch_map.items()]
+        args += [f"--fsdp-compat-scenario={name}" for name in matrix.scenarios or []]
+        args += [f"--fsdp-compat-scenarios-dir={d}" for d in matrix.scenarios_dirs]
+        session.run("python", "-m", "pytest", *args, *rest, env=env)
+        return
+    # --expect-torch: the run stops at once unless the venv really holds the cell's torch
+    args = ["--device", device, "--out", str(out), "--patches", matrix.patches, "--timeout", str(dev.timeout_s),
+            "--expect-torch", torch]
+    for ws in dev.world_sizes:
+        args += ["--world-size", str(ws)]
+    for name in matrix.scenarios or []:
+        args += ["--scenario", name]
+    for name, fn in matrix.patch_map.items():
+        args += ["--patch-map", f"{name}={fn}"]
+    for folder in matrix.scenarios_dirs:
+        args += ["--scenarios-dir", folder]
+    session.run("python", "-m", "harness", "run", *args, *rest, env=env)

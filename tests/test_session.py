@@ -1,0 +1,172 @@
+"""The body of ``nox -s matrix`` (harness/envs/session.py), run with a stand-in nox session."""
+
+import json
+import os
+import shutil
+import site
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from harness.envs.matrix import load_matrix
+from harness.envs.session import run_cell
+from tests.support import ROOT
+
+TORCH = str(torch.__version__).split("+")[0]
+
+
+class Session:
+    """What ``run_cell`` uses of a nox session: installs go to a real venv (uv, offline),
+    commands run with its python."""
+
+    def __init__(self, venv: Path, posargs=()):
+        self.virtualenv = SimpleNamespace(location=str(venv))
+        self.posargs = list(posargs)
+        self.installs: list[list[str]] = []
+        self.runs: list[tuple[list[str], dict]] = []
+        self.python = venv / "bin" / "python"
+
+    def install(self, *args):
+        from nox.command import CommandFailed
+
+        self.installs.append(list(args))
+        if not args:
+            return
+        res = subprocess.run(["uv", "pip", "install", "-q", "--offline", "--python", str(self.python), *args],
+                             capture_output=True, text=True, timeout=120)
+        if res.returncode:
+            raise CommandFailed(res.stderr)
+
+    def run(self, program, *args, env=None, **_):
+        self.runs.append(([program, *args], env))
+        cmd = [str(self.python) if program == "python" else program, *args]
+        self.result = subprocess.run(cmd, env={**os.environ, **(env or {})}, capture_output=True, text=True,
+                                     timeout=300)
+
+    def skip(self, message):
+        pytest.skip(message)
+
+    def error(self, message):
+        raise AssertionError(message)
+
+
+def _stack(tmp_path: Path) -> Path:
+    """Another team's repository: a package (its patches inside, importing the rest of it), a
+    scenario folder whose scenario imports that package, and a matrix file naming both."""
+    repo = tmp_path / "acme"
+    pkg = repo / "pkg" / "acme_marker"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("WIDTH = 9\n")
+    (pkg / "fsdp_patches.py").write_text(
+        '"""acme\'s patches."""\n\nfrom acme_marker import WIDTH\n\n__version__ = "0.1"\n\n\n'
+        "def patch_fsdp_restore_unused_param_grads():\n    return None\n")
+    (repo / "pkg" / "pyproject.toml").write_text('[build-system]\nrequires = ["setuptools>=61"]\n'
+                                                 'build-backend = "setuptools.build_meta"\n'
+                                                 '[project]\nname = "acme-marker"\nversion = "0.1"\n')
+    (repo / "cases").mkdir()
+    (repo / "cases" / "acme_wide_mlp.py").write_text(
+        '"""acme: an MLP as wide as acme_marker says, a unit per layer."""\n\n'
+        "from acme_marker import WIDTH\n\nfrom harness.spec import Scenario, Sharding\n"
+        "from scenarios._models import MLP, randn_batch\n\n"
+        "SCENARIO = Scenario(model=lambda: MLP((7, WIDTH, 3)), batch=randn_batch(), world_sizes=(1,),\n"
+        '                    sharding=Sharding(units=("layers.0", "layers.1")))\n')
+    (repo / "fsdp-compat.yaml").write_text(
+        "patches: acme_marker.fsdp_patches\ninstall: [./pkg]\nscenarios_dirs: [cases]\nscenarios: [acme_wide_mlp]\n"
+        f"world_sizes: [1]\ntimeout_s: 60\ndevices:\n  cpu:\n    torch: ['{TORCH}']\n")
+    return repo / "fsdp-compat.yaml"
+
+
+@pytest.mark.slow
+def test_the_matrix_session_installs_the_stack_and_runs_its_scenarios(tmp_path, monkeypatch):
+    """``install:`` (a local package) and ``scenarios_dirs:`` (a folder made here) from a matrix
+    file elsewhere: the package is installed into the venv (editable), the run finds the folder's
+    scenario, which imports the package, and the package's patches module."""
+    if shutil.which("uv") is None:
+        pytest.skip("uv is not installed")
+    t0 = time.monotonic()
+    matrix = load_matrix(_stack(tmp_path))
+    venv = tmp_path / "venv"
+    # the venv sees this interpreter's torch and the harness's packages (a .pth naming its
+    # site-packages: --system-site-packages would name the base interpreter's when this one is
+    # itself a venv, as under nox); uv installs the rest into it
+    subprocess.run(["uv", "venv", "-q", "-p", sys.executable, str(venv)], check=True, timeout=60)
+    inner = next(venv.glob("lib/python*/site-packages"))
+    (inner / "_outer_site.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    monkeypatch.setattr("harness.envs.session.torch_install_args", lambda *a, **k: [])  # torch: the one it sees
+    runs = tmp_path / "runs"
+    session = Session(venv)
+    run_cell(session, matrix, TORCH, "cpu", root=ROOT, runs=runs)
+    assert session.installs == [[], ["-e", str(tmp_path / "acme" / "pkg")]]
+    (cmd, env), = session.runs
+    assert cmd[:4] == ["python", "-m", "harness", "run"]
+    assert cmd[cmd.index("--scenarios-dir") + 1] == str(tmp_path / "acme" / "cases")
+    assert cmd[cmd.index("--patches") + 1] == "acme_marker.fsdp_patches" and env == {"PYTHONPATH": str(ROOT)}
+    assert session.result.returncode == 0, session.result.stdout[-3000:] + session.result.stderr[-3000:]
+    records = [json.loads(line) for line in (runs / "cpu" / f"torch-{TORCH}.jsonl").read_text().splitlines()]
+    assert {(r["scenario"], r["variant"], r["status"]) for r in records} == {
+        ("acme_wide_mlp", "vanilla", "pass"), ("acme_wide_mlp", "deployed", "pass")}
+    deployed = next(r for r in records if r["variant"] == "deployed")
+    assert deployed["patches_module"] == "acme_marker.fsdp_patches"
+    assert deployed["patch_install"]["restore_unused_param_grads"]["status"] == "installed"
+    print(f"matrix session with install: and scenarios_dirs: {time.monotonic() - t0:.1f} s")
+
+
+def test_a_source_entry_is_stamped_on_the_run_and_a_rerun_keeps_other_versions(tmp_path, monkeypatch):
+    """The pre-release lane's cell: torch from its own source (the install arguments carry it),
+    the run's environment names it; a rerun of 2.16.0rc1 leaves 2.16.0's records alone."""
+    (tmp_path / "rc").mkdir()
+    (tmp_path / "m.yaml").write_text("devices:\n  cpu:\n    torch:\n      - {version: '2.16.0rc1', find_links: rc, "
+                                     "pre: true}\n")
+    matrix = load_matrix(tmp_path / "m.yaml")
+    runs = tmp_path / "runs"
+    (runs / "cpu").mkdir(parents=True)
+    for name in ("torch-2.16.0.jsonl", "torch-2.16.0rc1.jsonl", "torch-2.16.0rc1-gw0.jsonl"):
+        (runs / "cpu" / name).write_text("")
+
+    class Recorder(Session):
+        def install(self, *args):
+            self.installs.append(list(args))
+
+        def run(self, program, *args, env=None, **_):
+            self.runs.append(([program, *args], env))
+
+    monkeypatch.setattr("harness.envs.install.LOCAL_WHEELS", [])
+    session = Recorder(tmp_path / "venv", posargs=["--config", "m.yaml", "--shuffle", "3"])
+    run_cell(session, matrix, "2.16.0rc1", "cpu", root=ROOT, runs=runs)
+    torch_args = session.installs[0]
+    assert torch_args[0] == "torch==2.16.0rc1" and "--prerelease" in torch_args
+    assert torch_args[torch_args.index("--find-links") + 1] == str(tmp_path / "rc")
+    (cmd, env), = session.runs
+    assert env["FSDP_COMPAT_TORCH_SOURCE"] == "find-links rc; pre-releases allowed"
+    assert cmd[-2:] == ["--shuffle", "3"] and "--config" not in cmd
+    assert cmd[cmd.index("--expect-torch") + 1] == "2.16.0rc1"
+    assert sorted(p.name for p in (runs / "cpu").iterdir()) == ["torch-2.16.0.jsonl"]
+
+
+def test_the_committed_matrix_runs_as_before(tmp_path, monkeypatch):
+    """matrix.yaml's cells: torch, then the hf_ pack's transformers, nothing else installed; the
+    same run command as before ``install``/``scenarios_dirs``/sources existed."""
+    from harness.envs.install import torch_install_args
+
+    class Recorder(Session):
+        def install(self, *args):
+            self.installs.append(list(args))
+
+        def run(self, program, *args, env=None, **_):
+            self.runs.append(([program, *args], env))
+
+    monkeypatch.setattr("harness.envs.install.LOCAL_WHEELS", [])
+    matrix = load_matrix(ROOT / "matrix.yaml")
+    session = Recorder(tmp_path / "venv")
+    run_cell(session, matrix, "2.12.1", "cpu", root=ROOT, runs=tmp_path / "runs")
+    out = tmp_path / "runs" / "cpu" / "torch-2.12.1.jsonl"
+    assert session.installs == [torch_install_args("2.12.1", "cpu", tmp_path / "venv" / ".fsdp-compat"),
+                                ["transformers==5.24.0"]]
+    assert session.runs == [(["python", "-m", "harness", "run", "--device", "cpu", "--out", str(out), "--patches",
+                              "fsdp_patches", "--timeout", "60.0", "--expect-torch", "2.12.1", "--world-size", "1",
+                              "--world-size", "2", "--world-size", "4"], {"PYTHONPATH": str(ROOT)})]
