@@ -5,20 +5,34 @@
             1, 2, 4), one launch per world size (the older plan) vs one launch per device
             (the default: smaller world sizes on slots of its ranks, abort-prone cells in
             forked processes).
-(e):        the whole CPU suite with the Hugging Face pack (default plan); ratio (e)/(d).
+(e):        the whole CPU suite with the Hugging Face pack (``python -m harness run``, every
+            scenario and variant, world sizes 1, 2, 4); ratio (e)/(d) where (d) ran; beside it
+            (g) a bare 4-rank gloo start (torchrun, init_process_group, barrier, destroy), before
+            and after each round, and the ratio (e)/(g); then the breakdown: every rank
+            process's wall and CPU seconds per phase (``harness.rank.phases``), summed over the
+            ranks and launches, and the CPU outside the ranks (launcher, torchrun agents).
+            ``--against DIR`` runs the same suite from another checkout in the same rounds,
+            alternating, as a column of its own (before/after a change); ``--each-cut`` adds a
+            column per saving of ``harness.rank.cuts`` turned off, and one with all off, each
+            with its difference from (e): that cut's gain, measured in the same rounds.
 (f):        what a hung cell costs: a launch with a cell that hangs vs the same launch without it.
 
-    python bench/launch_bench.py [--parts ab,cd,e,f] [--repeat 3]
-    nox -s bench -- --parts cd,e
+    python bench/launch_bench.py [--parts ab,cd,e,f] [--repeat 3] [--rounds 1] [--against DIR] [--each-cut]
+    nox -s bench -- --parts e --rounds 3 --against ../fsdp-compat-old
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import os
+import resource
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,6 +43,9 @@ import torch  # noqa: E402
 from harness.launch.launcher import LaunchOptions, run_cells  # noqa: E402
 from harness.launch.pipeline import RunRequest, run  # noqa: E402
 from harness.plan.cells import plan_cells  # noqa: E402
+from harness.rank.cuts import CUTS  # noqa: E402
+from harness.rank.cuts import ENV as CUTS_ENV  # noqa: E402
+from harness.rank.phases import format_table, load_totals, record_sum  # noqa: E402
 from harness.results.record import Record  # noqa: E402
 from harness.scenario.load import load_scenarios  # noqa: E402
 
@@ -36,6 +53,7 @@ print = functools.partial(print, flush=True)  # noqa: A001 (figures show as they
 
 BASELINE = ["plain", "cpu_offload", "mixed_precision", "hsdp"]
 FAULTS = ROOT / "tests" / "fixtures" / "scenarios"
+BARE = ROOT / "bench" / "bare_start.py"
 
 
 def _timed_suite(folder: Path, name: str, scenarios: list[str], per: str) -> tuple[float, list[Record]]:
@@ -76,20 +94,111 @@ def _cpu_scenarios() -> tuple[list[str], list[str]]:
     return [n for n in names if not n.startswith("hf_")], names
 
 
-def part_cde(folder: Path, *, older_plan: bool, with_hf: bool) -> None:
-    """(d), and beside it (c) the older plan on the same cells and/or (e) the suite with the HF pack."""
-    core, names = _cpu_scenarios()
-    if older_plan:
-        old, rec_c = _timed_suite(folder, "per-world-size", core, "world-size")
-        print(f"(c) suite, launch per world size: {old:7.1f} s  ({_summary(rec_c)})")
+def part_cd(folder: Path) -> float:
+    """(c) the older plan and (d) the default plan on the same cells; returns (d)'s wall."""
+    core, _ = _cpu_scenarios()
+    old, rec_c = _timed_suite(folder, "per-world-size", core, "world-size")
+    print(f"(c) suite, launch per world size: {old:7.1f} s  ({_summary(rec_c)})")
     new, rec_d = _timed_suite(folder, "per-device", core, "device")
     print(f"(d) suite, launch per device    : {new:7.1f} s  ({_summary(rec_d)})")
-    if older_plan:
-        print(f"    ratio (c)/(d)               : {old / new:7.2f}x")
-    if with_hf:
-        full, rec_e = _timed_suite(folder, "with-hf", names, "device")
-        print(f"(e) suite with the HF pack      : {full:7.1f} s  ({_summary(rec_e)})")
-        print(f"    ratio (e)/(d)               : {full / new:7.2f}x")
+    print(f"    ratio (c)/(d)               : {old / new:7.2f}x")
+    return new
+
+
+@dataclass(kw_only=True)
+class SuiteRun:
+    """One ``python -m harness run`` of the suite: its wall, the CPU of everything it started,
+    its records and its processes' phases (``harness.rank.phases``)."""
+
+    wall: float
+    cpu: float
+    records: list[Record] = field(default_factory=list)
+    phases: dict[str, list[float]] = field(default_factory=dict)
+    processes: int = 0
+
+
+def bare_start(world: int = 4) -> float:
+    """Wall seconds of torchrun starting ``world`` ranks that join a gloo group, meet and leave."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world), str(BARE)]
+    t0 = time.perf_counter()
+    subprocess.run(cmd, check=True, capture_output=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
+    return time.perf_counter() - t0
+
+
+def cli_suite(tree: Path, out: Path, scenarios: list[str], cuts_off: str = "") -> SuiteRun:
+    """The suite as users run it, from checkout ``tree`` (its own harness and scenarios), with
+    the cuts named in ``cuts_off`` turned off (``harness.rank.cuts``)."""
+    cmd = [sys.executable, "-m", "harness", "run", "--quiet", "--device", "cpu", "--out", str(out)]
+    cmd += [a for n in scenarios for a in ("--scenario", n)]
+    cmd += [] if scenarios else ["--world-size", "1", "--world-size", "2", "--world-size", "4"]
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", CUTS_ENV)}
+    if cuts_off:
+        env[CUTS_ENV] = cuts_off
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    subprocess.run(cmd, cwd=tree, env=env, capture_output=True, timeout=3600)
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    records = [Record.from_json(line) for line in out.read_text().splitlines() if line.strip()]
+    phases, processes = load_totals([out.parent / f"{out.stem}.logs"])
+    return SuiteRun(wall=wall, cpu=cpu, records=records, phases=phases, processes=processes)
+
+
+def part_eg(folder: Path, *, trees: dict[str, tuple[Path, str]], rounds: int, scenarios: list[str],
+            default_wall: float | None) -> None:
+    """(e) per column (a checkout, with some cuts off) and (g) the bare start, alternating for
+    ``rounds``; then the breakdown."""
+    runs: dict[str, list[SuiteRun]] = {name: [] for name in trees}
+    bare = [bare_start()]
+    for r in range(rounds):
+        order = list(enumerate(trees.items()))
+        for i, (name, (tree, off)) in order if r % 2 == 0 else reversed(order):
+            runs[name].append(cli_suite(tree, folder / f"suite-{i}-round{r}.jsonl", scenarios, off))
+        bare.append(bare_start())
+    g = statistics.median(bare)
+    what = "suite with the HF pack" if not scenarios else f"suite of {', '.join(scenarios)}"[:29]
+    for i, (name, done) in enumerate(runs.items()):
+        label = "(e)" if i == 0 else f"(e{i})"
+        wall = statistics.median(r.wall for r in done)
+        print(f"{label:<4}{what:<28}: {wall:7.1f} s  ({_summary(done[-1].records)})"
+              + (f"  [{name}]" if len(trees) > 1 else "") + (f"  median of {rounds}" if rounds > 1 else ""))
+        if i == 0 and default_wall:
+            print(f"    ratio (e)/(d)               : {wall / default_wall:7.2f}x")
+    print(f"(g) bare 4-rank gloo start      : {g:7.1f} s  (torchrun, init_process_group, barrier, destroy; "
+          f"median of {len(bare)})")
+    first = statistics.median(r.wall for r in next(iter(runs.values())))
+    for i, (name, done) in enumerate(runs.items()):
+        label = "(e)" if i == 0 else f"(e{i})"
+        wall = statistics.median(r.wall for r in done)
+        gain = "" if i == 0 else f"   {label} - (e): {wall - first:+6.1f} s  [{name}]"
+        print(f"    ratio {label}/(g){'':<{18 - len(label)}}: {wall / g:7.2f}x{gain}")
+    print()
+    print(breakdown(runs))
+
+
+def breakdown(runs: dict[str, list[SuiteRun]]) -> str:
+    """Wall and CPU per phase, summed over every rank process of the run (mean over rounds),
+    then the CPU outside the ranks and how far the cells' phases add up to their wall."""
+    columns, lines = {}, []
+    for name, done in runs.items():
+        mean = {}
+        for suite in done:
+            for k, (wall, cpu) in suite.phases.items():
+                entry = mean.setdefault(k, [0.0, 0.0])
+                entry[0] += wall / len(done)
+                entry[1] += cpu / len(done)
+        columns[name] = mean
+        ranks_cpu = sum(cpu for _, cpu in mean.values())
+        cpu = statistics.mean(r.cpu for r in done)
+        cells = [rec for rec in done[-1].records if rec.phases is not None]
+        phased, wall = sum(record_sum(rec.phases) for rec in cells), sum(rec.duration_s or 0 for rec in cells)
+        lines.append(f"[{name}] {done[-1].processes} processes; CPU of everything started {cpu:.1f} s, of which "
+                     f"outside the ranks (launcher, torchrun agents) {cpu - ranks_cpu:.1f} s")
+        lines.append(f"[{name}] cells with phases: {len(cells)}; their phases add up to {phased:.2f} s of their "
+                     f"{wall:.2f} s wall")
+    head = "breakdown: wall and CPU seconds per phase, summed over every rank process (harness.rank.phases)"
+    return "\n".join([head, format_table(columns), *lines])
 
 
 def part_f(folder: Path) -> None:
@@ -113,18 +222,35 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parts", default="ab,cd,e,f", help="comma-separated: ab, cd, e, f")
     parser.add_argument("--repeat", type=int, default=3, help="(a)/(b): each baseline scenario this many times")
+    parser.add_argument("--rounds", type=int, default=1, help="(e)/(g): alternating rounds (medians printed)")
+    parser.add_argument("--against", action="append", default=[], metavar="DIR",
+                        help="(e): also run the suite from this checkout, alternating (repeatable)")
+    parser.add_argument("--scenario", action="append", default=[], help="(e): only these scenarios (repeatable)")
+    parser.add_argument("--each-cut", action="store_true",
+                        help="(e): also one column per cut of harness.rank.cuts turned off, and one with all off")
     args = parser.parse_args()
     parts = set(args.parts.split(","))
     unknown = parts - {"ab", "cd", "e", "f"}
     if unknown:
         parser.error(f"unknown part(s): {', '.join(sorted(unknown))}")
+    trees = {"this checkout": (ROOT, "")}
+    if args.each_cut:
+        trees |= {f"without {name}": (ROOT, name) for name in CUTS}
+        trees["without any cut"] = (ROOT, "all")
+    for other in args.against:
+        if not (Path(other) / "harness" / "__main__.py").is_file():
+            parser.error(f"--against {other}: not a checkout of this project (no harness/__main__.py)")
+        trees[str(other)] = (Path(other).resolve(), "")
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         if "ab" in parts:
             part_ab(folder, args.repeat)
-        if parts & {"cd", "e"}:
-            part_cde(folder, older_plan="cd" in parts, with_hf="e" in parts)
+        default_wall = part_cd(folder) if "cd" in parts else None
+        if "e" in parts:
+            part_eg(folder, trees=trees, rounds=args.rounds, scenarios=args.scenario, default_wall=default_wall)
         if "f" in parts:
             part_f(folder)
     return 0

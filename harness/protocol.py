@@ -107,6 +107,11 @@ class LaunchPlan:
         """Where a rank notes that code under test ended it (``write_exit``)."""
         return self._file(f"rank{rank}.exit")
 
+    def phases_file(self, rank: int, cell: int | None = None) -> Path:
+        """Where a rank's process (or the process forked for ``cell``) writes its time per
+        phase (``harness.rank.phases``)."""
+        return self._file(f"rank{rank}.phases" if cell is None else f"rank{rank}.cell{cell}.phases")
+
     def dump(self) -> Path:
         Path(self.folder).mkdir(parents=True, exist_ok=True)
         self.plan_file.write_text(json.dumps(asdict(self), indent=1))
@@ -251,6 +256,12 @@ class CellKeys:
     def recorded(self) -> str:
         """Set by the judge once the cell's record is on disk."""
         return f"{self.prefix}/recorded"
+
+    @property
+    def keep_group(self) -> str:
+        """Set by the judge before ``recorded``: "1" when the slot keeps its default group
+        for its next cell (``harness.rank.groups``), "0" when every rank destroys it."""
+        return f"{self.prefix}/keep_group"
 
     @property
     def abandoned(self) -> str:

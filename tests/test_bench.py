@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from harness.rank.cuts import CUTS
 from tests.support import ROOT
 
 pytestmark = pytest.mark.slow
@@ -26,3 +27,33 @@ def test_unknown_parts_are_one_line_and_exit_2():
     out = subprocess.run([sys.executable, "bench/launch_bench.py", "--parts", "ab,zz"], cwd=ROOT, capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 2 and "unknown part(s): zz" in out.stderr
+
+
+def test_the_suite_part_prints_the_bare_start_ratio_and_a_breakdown_that_adds_up():
+    out = subprocess.run([sys.executable, "bench/launch_bench.py", "--parts", "e", "--scenario", "plain",
+                          "--each-cut"], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr
+    suite = float(re.search(r"^\(e\) suite of plain\s+:\s+([\d.]+) s", out.stdout, re.M).group(1))
+    bare = float(re.search(r"^\(g\) bare 4-rank gloo start\s+:\s+([\d.]+) s", out.stdout, re.M).group(1))
+    ratio = float(re.search(r"ratio \(e\)/\(g\)\s+:\s+([\d.]+)x", out.stdout).group(1))
+    assert ratio == pytest.approx(suite / bare, abs=0.02)
+    # one column per cut turned off and one with all off, each with its difference from (e)
+    gains = re.findall(r"^\s+ratio \(e(\d)\)/\(g\)\s+:\s+([\d.]+)x\s+\(e\d\) - \(e\):\s+([-+][\d.]+) s\s+\[(.+)\]$",
+                       out.stdout, re.M)
+    assert [name for *_, name in gains] == [f"without {c}" for c in CUTS] + ["without any cut"]
+    for _, r, diff, _ in gains:
+        assert float(r) * bare - suite == pytest.approx(float(diff), abs=0.2)
+    table = out.stdout.split("breakdown:", 1)[1].splitlines()[4:]
+    rows = {}
+    for line in table:
+        if "|" not in line:
+            break
+        name, cells = line.split("|", 1)
+        rows[name.strip()] = [float(x) for x in cells.replace("|", " ").split()]
+    assert {"startup", "training", "reference", "watchdog", "total"} <= set(rows)
+    body = [v for k, v in rows.items() if k != "total"]
+    assert len(rows["total"]) == 2 * (1 + len(CUTS) + 1)  # wall and CPU per column
+    assert rows["total"] == pytest.approx([sum(v[j] for v in body) for j in range(len(rows["total"]))], abs=0.05)
+    phased, wall = map(float, re.search(r"their phases add up to ([\d.]+) s of their ([\d.]+) s wall",
+                                        out.stdout).groups())
+    assert wall > 0 and phased == pytest.approx(wall, rel=0.05, abs=0.05)

@@ -47,6 +47,48 @@ def test_stamps_go_to_the_phase_file(make_watchdog, tmp_path):
     assert (wd.phase, read_phase(tmp_path / "L.rank0.phase")) == (IDLE, IDLE)
 
 
+def test_a_stamp_opens_no_file(make_watchdog, tmp_path, monkeypatch):
+    """Stamps are writes into the phase file's memory map: thousands per launch cost no file opens."""
+    import builtins
+    import pathlib
+
+    wd, _ = make_watchdog()
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a stamp opened a file")
+
+    with monkeypatch.context() as m:
+        m.setattr(os, "open", refuse)
+        m.setattr(builtins, "open", refuse)
+        m.setattr(pathlib.Path, "open", refuse)
+        for k in range(100):
+            wd.stamp(f"step {k} micro-batch 0 forward")
+    assert read_phase(tmp_path / "L.rank0.phase") == "step 99 micro-batch 0 forward"
+
+
+def test_a_long_phase_of_escaped_characters_still_reads_back(make_watchdog, tmp_path):
+    wd, _ = make_watchdog()
+    wd.stamp("install patches: " + "\u00e9" * 1000)
+    assert read_phase(tmp_path / "L.rank0.phase").startswith("install patches: \u00e9")
+    wd.stamp("init group")  # a shorter stamp leaves nothing of the longer one behind
+    assert read_phase(tmp_path / "L.rank0.phase") == "init group"
+
+
+def test_the_last_stamp_survives_the_process_killed(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.support import ROOT
+
+    code = ("import os, signal, sys; from pathlib import Path; from harness.rank.watchdog import Watchdog\n"
+            "wd = Watchdog(Path(sys.argv[1]), on_expire=lambda: None)\n"
+            "wd.stamp('step 2 micro-batch 1 backward'); os.kill(os.getpid(), signal.SIGKILL)")
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "L.rank3.phase")], cwd=ROOT, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True)
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    assert read_phase(tmp_path / "L.rank3.phase") == "step 2 micro-batch 1 backward"
+
+
 def test_no_phase_file_is_fine(make_watchdog):
     wd, _ = make_watchdog(phase_file=None)
     wd.stamp("init group")

@@ -38,6 +38,7 @@ from harness.process import tree as procs
 from harness.process.crashlog import crash_cause, exit_message, fatal_signal, tail
 from harness.process.gpus import gpu_slice, skip_reason, visible_gpus, worker_slot
 from harness.protocol import IDLE, LaunchPlan, phase_words, read_exit, read_phase
+from harness.rank import cuts
 from harness.results import record
 from harness.undertest.locations import import_root, worker_spec
 
@@ -95,6 +96,7 @@ def run_cells(cells: list[Cell], opts: LaunchOptions) -> RunResult:
     """Run every cell; every cell ends with a record, unless a signal stops the run.
     ``ValueError`` when the records file or the launch folder cannot be written."""
     prepare_out(opts.out_path, opts.log_dir)
+    cuts.off()  # a bad FSDP_COMPAT_CUTS_OFF stops here, not in every rank
     # the workers run in the project's folder: a module named from the caller's folder is
     # given to them by absolute path, or found through the folder it was found under
     opts = replace(opts, patches_module=worker_spec(opts.patches_module, PROJECT_ROOT))

@@ -15,7 +15,6 @@ record as ``left_state``, shown as a caveat in the report.
 
 from __future__ import annotations
 
-import datetime
 import importlib.util
 import os
 import time
@@ -30,14 +29,15 @@ from harness.plan.cells import Cell
 from harness.plan.placement import runs_forked
 from harness.protocol import CellKeys, LaunchPlan, install_phase, mark_started, read_phase
 from harness.rank import peers
+from harness.rank.groups import CellGroups, keep_group
+from harness.rank.judging import ReferenceCache
+from harness.rank.judging import dump as _dump
+from harness.rank.judging import judge as _judge
+from harness.rank.phases import CLOCK
 from harness.rank.state import GlobalState
 from harness.rank.watchdog import CellTimeout, Watchdog
 from harness.results import record
 from harness.scenario.spec import UNUSED_PARAMS_API, Scenario
-from harness.train import compare
-from harness.train.ledger import check_problems
-from harness.train.reference import quirks_for, run_reference
-from harness.train.resources import growth_problems
 from harness.train.step import StepTensors
 from harness.undertest.install import install_set, load_patches_module
 from harness.undertest.undo import PatchUndo, forget_module
@@ -68,6 +68,12 @@ class CellRun:
     #: the process-wide state from before the active patch set's import and install, put back
     #: with ``undo`` when the set changes (``harness.rank.state``)
     set_state: GlobalState | None = None
+    #: the phase clock at the cell's start (``harness.rank.phases``): the record's ``phases`` count from it
+    mark: dict[str, tuple[float, float]] = field(default_factory=dict)
+    #: references computed here, shared by the cells that need the same (``harness.rank.judging``)
+    references: ReferenceCache = field(default_factory=ReferenceCache)
+    #: the default group, kept between the slot's healthy cells (``harness.rank.groups``)
+    groups: CellGroups = field(default_factory=CellGroups)
 
     def run_cell(self, cell: Cell, *, slot_rank0: int, rank: int) -> bool:
         """Run ``cell`` as rank ``rank`` of its slot; False when the launch must end.
@@ -75,41 +81,58 @@ class CellRun:
         A cell that may abort the process (a documented crash or hang) runs in a forked
         process per rank on CPU (``harness.rank.forked``), so an abort costs the cell, not the launch."""
         t0 = time.time()
+        self.mark = CLOCK.snapshot()
         if rank == 0:
             mark_started(self.plan.progress_file, cell.index, list(range(slot_rank0, slot_rank0 + cell.world_size)))
         if runs_forked(cell) and self.zygote is not None:
-            return self.zygote.run_cell(self, cell, slot_rank0=slot_rank0, rank=rank, t0=t0)
+            with CLOCK.timed("forked cell"):
+                self.groups.release()  # every rank of the slot: the cell's processes make their own
+                return self.zygote.run_cell(self, cell, slot_rank0=slot_rank0, rank=rank, t0=t0)
         return self.run_here(cell, slot_rank0=slot_rank0, rank=rank, t0=t0)
 
     def run_here(self, cell: Cell, *, slot_rank0: int, rank: int, t0: float) -> bool:
         """The cell itself, in this process."""
         keys = CellKeys(launch_id=self.plan.launch_id, index=cell.index)
+        self.mark = self.mark or CLOCK.snapshot()  # a forked cell's process counts from here
         self.watchdog.arm(cell.timeout_s)
         observed, outcome, fields = None, peers.RankOutcome(rank=rank, ok=True), {}
         before: GlobalState | None = None  # put back after the cell; what it left changed is a caveat
         try:
+            CLOCK.enter("patches")
             fields = self._prepare(cell)
             if not fields:
-                before = GlobalState.take()
-                observed = self._train(cell, keys, rank)
+                with CLOCK.timed("state"):
+                    before = GlobalState.take()
+                observed = self._train(cell, keys, rank, slot_rank0)
         except BaseException as e:  # CellTimeout included: the cell ends, the launch goes on
             outcome = _failure(rank, e, self.watchdog)
         finally:
-            _close_groups(failed=not outcome.ok)
+            CLOCK.enter("group teardown")
+            outcome.group_seq = self.groups.after_cell(failed=not outcome.ok)
         if not outcome.ok:
             # gloo keeps a failed group's sockets open: a peer blocked in a collective on this
             # rank would wait for the timeout. Shutting them makes it fail at once.
             peers.shutdown_peer_sockets()
         if rank != 0 and before is not None:  # the judge puts it back after the reference
-            outcome.left_state = before.restore()
+            with CLOCK.timed("state"):
+                outcome.left_state = before.restore()
+        CLOCK.enter("agree")
         peers.post(self.store, keys, outcome)
         if rank != 0:
             recorded = self.wait_recorded(cell, t0=t0)
+            self._settle_groups(keys, recorded)
             self.watchdog.disarm()
             return recorded and not self.store.check([keys.abandoned])
         missing = self.judge(cell, t0=t0, observed=observed, fields=fields, slot_rank0=slot_rank0, before=before)
+        self._settle_groups(keys, True)
         self.watchdog.disarm()
         return not missing
+
+    def _settle_groups(self, keys: CellKeys, recorded: bool) -> None:
+        """Keep the default group for the slot's next cell only where the judge said so."""
+        with CLOCK.timed("group teardown"):
+            keep = recorded and self.store.check([keys.keep_group]) and self.store.get(keys.keep_group) == b"1"
+            self.groups.settle(keep=keep)
 
     def wait_recorded(self, cell: Cell, *, t0: float) -> bool:
         """A rank other than the judge: wait (bounded) until the judge has written the cell's record."""
@@ -123,18 +146,22 @@ class CellRun:
         ran. Returns the ranks that never reported."""
         keys = CellKeys(launch_id=self.plan.launch_id, index=cell.index)
         deadline = t0 + cell.timeout_s + _REPORT_GRACE_S
+        CLOCK.enter("agree")
         outcomes, missing = peers.collect_outcomes(self.store, keys, cell.world_size, max(1.0, deadline - time.time()))
         if missing:  # a rank is stuck where the watchdog cannot reach: this launch must end
             self.store.set(keys.abandoned, "0")
         fields = fields or self._outcome_fields(cell, observed, outcomes, missing, slot_rank0)
+        CLOCK.enter("state")
         left = before.restore() if before is not None else []
         left += [f"{c} (rank {o.rank})" for o in outcomes for c in o.left_state if c not in left]
+        CLOCK.enter("record")
         rec = record.new_record(cell, run_id=self.plan.run_id, launch_id=self.plan.launch_id,
                                 patches_module=self.plan.patches_module,
                                 patches_module_id=self.plan.patches_module_id, t0=t0, order_seed=self.plan.shuffle,
                                 patch_install={n: self.installs[n] for n in cell.patches if n in self.installs},
-                                left_state=list(dict.fromkeys(left)), **fields)
+                                left_state=list(dict.fromkeys(left)), phases=CLOCK.since(self.mark), **fields)
         record.append(self.plan.out_path, record.finish(rec, t0))
+        self.store.set(keys.keep_group, "1" if keep_group(outcomes, missing) else "0")
         self.store.set(keys.recorded, "1")
         return missing
 
@@ -164,6 +191,9 @@ class CellRun:
         """Install a patch set; switching sets first undoes the previous one (``harness.undertest.undo``)."""
         if names == self.active:
             return
+        # the undo puts back every attribute of torch.distributed's modules and classes as the
+        # snapshot saw them (GroupMember.WORLD, the group counter): no group may outlive it
+        self.groups.release()
         if self.undo is not None:
             self.undo.restore()
         if self.set_state is not None:
@@ -185,14 +215,12 @@ class CellRun:
                                                         label=self.plan.patches_module,
                                                         on_patch=lambda n: self.watchdog.stamp(install_phase(n)))
 
-    def _train(self, cell: Cell, keys: CellKeys, rank: int) -> list[StepTensors]:
+    def _train(self, cell: Cell, keys: CellKeys, rank: int, slot_rank0: int) -> list[StepTensors]:
         from harness.train import fsdp as fsdp_run
 
         scenario = self._scenario(cell)
         with self.watchdog.user_code("init group"):
-            dist.init_process_group(backend=cell.backend, store=dist.PrefixStore(keys.group, self.store),
-                                    rank=rank, world_size=cell.world_size,
-                                    timeout=datetime.timedelta(seconds=cell.timeout_s))
+            self.groups.open(cell, slot_rank0=slot_rank0, rank=rank, store=dist.PrefixStore(keys.group, self.store))
             return fsdp_run.train(scenario, cell, self.utilities, rank, cell.world_size, stamp=self.watchdog.stamp)
 
     def _scenario(self, cell: Cell) -> Scenario:
@@ -209,7 +237,9 @@ class CellRun:
             _dump(self.plan.dump_dir, cell, observed)
         try:
             with self.watchdog.user_code("reference"):
-                return _judge(self._scenario(cell), observed, cell)
+                # a set that changed what the reference computes with (torch.optim, ...) gets its own
+                own = self.undo is not None and self.undo.changed_modules(ignore="torch.distributed")
+                return _judge(self._scenario(cell), observed, cell, self.references, self.active if own else ())
         except BaseException as e:  # a broken or hung reference must not lose the cell
             timed_out = isinstance(e, CellTimeout)
             return dict(status="hang" if timed_out else "error", exc_type=type(e).__name__,
@@ -229,21 +259,6 @@ def _failure(rank: int, e: BaseException, watchdog: Watchdog) -> peers.RankOutco
                              where=watchdog.where if fired else None, in_collective=watchdog.in_collective if fired else None)
 
 
-def _close_groups(*, failed: bool) -> None:
-    """Destroy the cell's groups; after a failure abort them first (NCCL: frees
-    communicators stuck in a collective; gloo peers are released by socket shutdown)."""
-    if not dist.is_initialized():
-        return
-    abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
-    if failed and abort is not None:
-        try:
-            abort()
-        except Exception:
-            pass
-    if dist.is_initialized():
-        dist.destroy_process_group()
-
-
 def _skip_reason(cell: Cell, scenario: Scenario) -> str | None:
     packages = dict.fromkeys(name.partition(".")[0] for name in scenario.requires)
     missing = [name for name in packages if importlib.util.find_spec(name) is None]
@@ -257,29 +272,3 @@ def _skip_reason(cell: Cell, scenario: Scenario) -> str | None:
     if needs is not None and not needs.available():
         return f"recipe needs {needs.describe()}, absent in this torch"
     return None
-
-
-def _judge(scenario: Scenario, observed: list[StepTensors], cell: Cell) -> dict[str, Any]:
-    sums = observed[0].reduction_sums if observed else None
-    quirks = quirks_for(torch_version=torch.__version__, backend=cell.backend, sharding=scenario.sharding,
-                        reduction_sums=sums) if scenario.reference_quirks else []
-    result = compare.compare_runs(observed, run_reference(scenario, cell.world_size, quirks=quirks))
-    fields = {**result.as_record_fields(), "reference_quirks": quirks, "status": "pass" if result.ok else "mismatch"}
-    fields["ledger"] = observed[0].ledger if observed else None
-    if (problems := check_problems(scenario.ledger_checks, fields["ledger"])) and result.ok:
-        fields.update(status="mismatch", worst="ledger: " + "; ".join(problems))
-    fields["resources"] = observed[0].resources if observed else None
-    if scenario.resource_check and (problems := growth_problems(fields["resources"])) and fields["status"] == "pass":
-        fields.update(status="mismatch", worst="resources: " + "; ".join(problems))
-    if result.reference_nonfinite:
-        fields.update(status="error", exc_type="ScenarioError",
-                      exc_msg=f"the reference itself is non-finite ({', '.join(result.reference_nonfinite[:3])}): "
-                              "the scenario is wrong, not FSDP2")
-    return fields
-
-
-def _dump(folder: str, cell: Cell, observed: list[StepTensors]) -> None:
-    """Save the observed snapshots (for determinism checks and local reproduction)."""
-    os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, f"{cell.scenario}-{cell.variant}-{cell.device}-w{cell.world_size}.pt")
-    torch.save([s.__dict__ for s in observed], path)

@@ -39,6 +39,7 @@ from harness.process.crashlog import exit_message, last_what
 from harness.process.tree import die_with_parent
 from harness.protocol import CellKeys, LaunchPlan, read_phase
 from harness.rank import peers
+from harness.rank.phases import CLOCK
 from harness.rank.watchdog import Watchdog
 
 __all__ = ["Zygote"]
@@ -176,6 +177,7 @@ def _cell_process(plan: LaunchPlan, scenarios: dict, *, index: int, slot_rank0: 
     from harness.rank.cell import CellRun
 
     code = 4
+    CLOCK.reset()
     try:
         die_with_parent()
         gc.freeze()
@@ -186,6 +188,7 @@ def _cell_process(plan: LaunchPlan, scenarios: dict, *, index: int, slot_rank0: 
     except BaseException:
         traceback.print_exc()
     finally:
+        CLOCK.write(plan.phases_file(slot_rank0 + rank, cell=index), launch=plan.launch_id, rank=slot_rank0 + rank)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

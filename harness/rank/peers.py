@@ -42,6 +42,8 @@ class RankOutcome:
     in_collective: bool | None = None
     #: process-wide state the cell left changed on this rank (``harness.rank.state``), put back
     left_state: list[str] = field(default_factory=list)
+    #: the sequence number of the default group after the cell (``harness.rank.groups``); None: no group
+    group_seq: int | None = None
 
     @property
     def comm_failure(self) -> bool:

@@ -14,7 +14,9 @@ same launch. Code stuck where neither reaches (a C loop holding the GIL) is left
 launcher, which kills the launch ``grace_s`` after the deadline.
 
 Each rank also stamps its phase into a small file the launcher can read after a kill,
-so a hang record names the ranks that did not arrive and where they were; and when code
+so a hang record names the ranks that did not arrive and where they were. The file is
+mapped into memory (``PhaseBoard``): a stamp is a write into a shared page, no file is
+opened per stamp, and a reader sees the latest stamp even after the rank was killed; and when code
 under test ends the rank with ``os._exit`` (``note_exits``), the rank notes the exit code
 and that phase first, so the record can say which rank ended, how and where.
 """
@@ -22,6 +24,8 @@ and that phase first, so the record can say which rank ended, how and where.
 from __future__ import annotations
 
 import contextlib
+import json
+import mmap
 import os
 import signal
 import sys
@@ -32,8 +36,10 @@ from pathlib import Path
 from typing import NoReturn
 
 from harness.protocol import IDLE, write_exit, write_phase
+from harness.rank import cuts
+from harness.rank.phases import CLOCK, category_of
 
-__all__ = ["CellTimeout", "Watchdog", "note_exits"]
+__all__ = ["CellTimeout", "PhaseBoard", "Watchdog", "note_exits"]
 
 
 class CellTimeout(BaseException):
@@ -41,11 +47,47 @@ class CellTimeout(BaseException):
     ``except Exception`` must not swallow it)."""
 
 
+class PhaseBoard:
+    """A phase file (``harness.protocol.read_phase`` reads it) kept as a shared memory map:
+    each ``write`` replaces its bytes in place (JSON padded with spaces), with no system
+    call. The pages belong to the file, so what was written survives the process."""
+
+    SIZE = 512
+
+    def __init__(self, path: Path) -> None:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            os.ftruncate(fd, self.SIZE)
+            self.map = mmap.mmap(fd, self.SIZE)
+        finally:
+            os.close(fd)
+
+    def write(self, phase: str) -> None:
+        for keep in (400, 100, 30):  # shorter where its characters are escaped (\uXXXX)
+            data = json.dumps({"phase": phase[:keep], "t": time.time()}).encode()
+            if len(data) <= self.SIZE:
+                break
+        self.map[:] = data.ljust(self.SIZE)
+
+
+def _board(path: Path | None) -> Callable[[str], None] | None:
+    """How stamps reach ``path``: its memory map, or (where it cannot be mapped) a write of the file."""
+    if path is None:
+        return None
+    if not cuts.enabled("memory_stamps"):
+        return lambda phase: write_phase(path, phase)
+    try:
+        return PhaseBoard(path).write
+    except (OSError, ValueError):
+        return lambda phase: write_phase(path, phase)
+
+
 class Watchdog:
     """One per worker process; arm it per cell."""
 
     def __init__(self, phase_file: Path | None, on_expire: Callable[[], object]) -> None:
         self.phase_file = phase_file
+        self._write_phase = _board(phase_file)
         self.on_expire = on_expire
         self.phase = IDLE
         self.deadline: float | None = None
@@ -62,12 +104,12 @@ class Watchdog:
 
     # -- the cell -------------------------------------------------------------------
     def arm(self, timeout_s: float) -> None:
-        with self._wake:
+        with CLOCK.timed("watchdog"), self._wake:
             self.deadline, self.fired = time.time() + timeout_s, False
             self._wake.notify()
 
     def disarm(self) -> None:
-        with self._wake:
+        with CLOCK.timed("watchdog"), self._wake:
             self.deadline = None
             self._wake.notify()
         self.stamp(IDLE)
@@ -87,9 +129,11 @@ class Watchdog:
 
     def stamp(self, phase: str) -> None:
         """Record where this rank is (also read by the launcher after a kill)."""
+        CLOCK.enter("watchdog")
         self.phase = phase
-        if self.phase_file is not None:
-            write_phase(self.phase_file, phase)
+        if self._write_phase is not None:
+            self._write_phase(phase)
+        CLOCK.enter(category_of(phase))
 
     # -- the thread and the signal ----------------------------------------------------
     def _watch(self) -> None:

@@ -2,10 +2,12 @@
 
 A stage holds the cells of one world size; this rank runs the cells of its slot
 (``harness.plan.placement``) on a process group of the slot's ranks, while the other slots
-run theirs side by side, and all ranks meet at the end of the stage. Each cell gets a
-fresh default process group (``PrefixStore`` over torchrun's store), model and
-optimizer; the slot's ranks agree on its outcome through the store (``harness.rank.peers``),
-not through the process group, so a cell that broke its group cannot break the next.
+run theirs side by side, and all ranks meet at the end of the stage. Each cell gets its
+own model and optimizer, and a default process group (``PrefixStore`` over torchrun's
+store) made for it or kept from the slot's previous cell where every rank of that one
+succeeded in step (``harness.rank.groups``); the slot's ranks agree on its outcome through
+the store (``harness.rank.peers``), not through the process group, so a cell that broke
+its group cannot break the next.
 
 Every step of user code runs under the cell's deadline (``harness.rank.watchdog``). The
 slot's first rank judges the cell (reference + comparison) and appends its record
@@ -25,12 +27,14 @@ import sys
 
 import torch
 
+from harness.plan.cells import Cell
 from harness.plan.placement import runs_forked
 from harness.process.tree import die_with_parent
 from harness.protocol import LaunchPlan, stage_done
-from harness.rank import peers
+from harness.rank import cuts, peers
 from harness.rank.cell import CellRun
 from harness.rank.forked import Zygote
+from harness.rank.phases import CLOCK, process_age
 from harness.rank.watchdog import Watchdog, note_exits
 from harness.scenario.load import load_scenarios
 from harness.undertest.undo import preload
@@ -43,6 +47,8 @@ _hard_exit = os._exit
 
 
 def main(argv: list[str] | None = None) -> None:
+    CLOCK.reset("scenarios")
+    CLOCK.add("startup", *process_age())
     die_with_parent()
     parser = argparse.ArgumentParser(prog="harness.rank.worker")
     parser.add_argument("--plan", required=True)
@@ -53,27 +59,52 @@ def main(argv: list[str] | None = None) -> None:
     if plan.device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     scenarios = load_scenarios(plan.scenario_dirs).scenarios
-    preload()  # before the first cell's deadline runs
-    _import_requirements(plan, scenarios)
+    CLOCK.enter("preload")
+    mine = _cells_of(plan, rank)
+    _preload(mine)  # before the first cell's deadline runs
+    _import_requirements(mine, scenarios)
+    CLOCK.enter("rendezvous")
     # before any cell, thread or store connection: cells that may abort run in its forks
-    zygote = Zygote.start(plan, scenarios) if any(runs_forked(c) for c in plan.cells) else None
+    zygote = Zygote.start(plan, scenarios) if any(runs_forked(c) for c in mine) else None
     store = peers.connect_store(world)
     watchdog = Watchdog(plan.phase_file(rank), on_expire=peers.unblock)
     note_exits(watchdog, plan.exit_file(rank))  # a patch that calls os._exit: the launcher names rank, code, phase
     run = CellRun(plan=plan, store=store, watchdog=watchdog, scenarios=scenarios, zygote=zygote)
+    CLOCK.enter("other")
     for n, stage in enumerate(plan.stages):
         slot, local = divmod(rank, stage.world_size)
         for index in stage.cells_of(slot):
             if not run.run_cell(plan.cell(index), slot_rank0=slot * stage.world_size, rank=local):
-                _exit(EXIT_POISONED)
-        store.set(stage_done(plan.launch_id, n, rank), "done")
-        peers.wait(store, [stage_done(plan.launch_id, n, r) for r in range(world)], 24 * 3600)
-    _exit(0)  # avoids the frequent abort at interpreter exit after destroy_process_group()
+                _exit(EXIT_POISONED, plan, rank)
+        with CLOCK.timed("group teardown"):
+            run.groups.release()  # kept only within a slot's run of cells
+        with CLOCK.timed("stage wait"):
+            store.set(stage_done(plan.launch_id, n, rank), "done")
+            peers.wait(store, [stage_done(plan.launch_id, n, r) for r in range(world)], 24 * 3600)
+        CLOCK.write(plan.phases_file(rank), launch=plan.launch_id, rank=rank)
+    _exit(0, plan, rank)  # avoids the frequent abort at interpreter exit after destroy_process_group()
 
 
-def _import_requirements(plan: LaunchPlan, scenarios: dict) -> None:
-    """The modules the plan's scenarios need (``Scenario.requires``), imported once here."""
-    names = dict.fromkeys(m for c in plan.cells if c.scenario in scenarios for m in scenarios[c.scenario].requires)
+def _cells_of(plan: LaunchPlan, rank: int) -> list[Cell]:
+    """The cells this rank runs: its slot's, in every stage."""
+    by_index = {c.index: c for c in plan.cells}
+    return [by_index[i] for stage in plan.stages for i in stage.cells_of(rank // stage.world_size)]
+
+
+def _preload(cells: list[Cell]) -> None:
+    """What this rank's cells need before their deadlines: every module a patch may touch
+    where a cell installs patches (``harness.undertest.undo.preload``); else, where a cell
+    runs forked, the dynamo package FSDP2 imports on first use (once, in the zygote's parent,
+    not in every forked process). Otherwise the first cell imports what it uses."""
+    if any(c.patches for c in cells) or not cuts.enabled("selective_preload"):
+        preload()
+    elif any(runs_forked(c) for c in cells):
+        importlib.import_module("torch._dynamo")
+
+
+def _import_requirements(cells: list[Cell], scenarios: dict) -> None:
+    """The modules this rank's scenarios need (``Scenario.requires``), imported once here."""
+    names = dict.fromkeys(m for c in cells if c.scenario in scenarios for m in scenarios[c.scenario].requires)
     for name in names:
         try:
             importlib.import_module(name)
@@ -81,7 +112,9 @@ def _import_requirements(plan: LaunchPlan, scenarios: dict) -> None:
             continue
 
 
-def _exit(code: int) -> None:
+def _exit(code: int, plan: LaunchPlan | None = None, rank: int = 0) -> None:
+    if plan is not None:
+        CLOCK.write(plan.phases_file(rank), launch=plan.launch_id, rank=rank)
     sys.stdout.flush()
     sys.stderr.flush()
     _hard_exit(code)

@@ -108,6 +108,8 @@ class Record:
     left_state: list[str] = field(default_factory=list)
     #: the seed of the shuffled cell order the run used (``run --shuffle``); None: the planned order
     order_seed: int | None = None
+    #: the judge's wall and CPU seconds per phase of the cell (``harness.rank.phases``: name -> [wall, cpu])
+    phases: dict[str, list[float]] | None = None
     duration_s: float | None = None
     timeout_s: float | None = None
     env: dict[str, Any] = field(default_factory=dict)

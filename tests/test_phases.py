@@ -1,0 +1,103 @@
+"""Where a rank's time goes (``harness.rank.phases``): the clock charges every interval to
+one phase, stamps map to phases, records carry their cell's phases and the rank processes
+leave their totals beside the launch's files."""
+
+import json
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+from harness.protocol import IDLE, install_phase, step_phase
+from harness.rank.phases import CATEGORIES, PhaseClock, category_of, format_table, load_totals, record_sum
+from tests.support import ROOT
+
+
+def _busy(seconds):
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+
+
+def test_waiting_is_wall_working_is_cpu_and_the_phases_add_up_to_the_elapsed_wall():
+    clock = PhaseClock()
+    t0 = time.perf_counter()
+    clock.enter("agree")
+    time.sleep(0.2)
+    clock.enter("training")
+    _busy(0.2)
+    with clock.timed("watchdog"):
+        time.sleep(0.05)
+    mark = clock.snapshot()
+    elapsed = time.perf_counter() - t0
+    agree, training, watchdog = mark["agree"], mark["training"], mark["watchdog"]
+    assert agree[0] >= 0.19 and agree[1] < 0.05
+    assert training[1] >= 0.19 and training[0] >= training[1] * 0.9
+    assert watchdog[0] >= 0.045 and clock.current == "training"  # back to the phase that ran before the block
+    assert sum(w for w, _ in mark.values()) == pytest.approx(elapsed, abs=0.01)
+
+
+def test_since_a_mark_counts_only_what_came_after():
+    clock = PhaseClock()
+    clock.enter("reference")
+    _busy(0.05)
+    mark = clock.snapshot()
+    clock.enter("compare")
+    time.sleep(0.05)
+    later = clock.since(mark)
+    assert set(later) <= {"reference", "compare"} and later["compare"][0] >= 0.045
+    assert later.get("reference", [0, 0])[1] < 0.01
+    assert record_sum(later) == pytest.approx(sum(w for w, _ in later.values()))
+
+
+def test_stamps_map_to_the_breakdowns_phases():
+    assert category_of("import patches") == category_of(install_phase("clip_grad_norm")) == "patches"
+    assert category_of("init group") == "group setup"
+    assert category_of("build model") == "build + shard"
+    assert category_of("measure the reduction") == "reduction probe"
+    assert category_of(step_phase(2, "forward", 1)) == category_of(step_phase(0, "clip")) == "training"
+    assert category_of(step_phase(1, "gather snapshots")) == category_of(step_phase(0, "gather grads")) == "gather"
+    assert category_of("reference") == "reference"
+    assert category_of(IDLE) == "other"
+    assert {category_of(p) for p in ("init group", "build model", "reference")} <= set(CATEGORIES)
+
+
+def test_totals_files_add_up_and_the_table_has_a_total_row(tmp_path):
+    folder = tmp_path / "logs"
+    folder.mkdir()
+    for rank, (wall, cpu) in enumerate([(1.0, 0.5), (2.0, 1.5)]):
+        (folder / f"L1.rank{rank}.phases").write_text(json.dumps({"phases": {"training": [wall, cpu],
+                                                                             "startup": [1.0, 1.0]}}))
+    (folder / "L1.rank9.phases").write_text("{not json")  # a process killed while writing: skipped
+    totals, n = load_totals([folder])
+    assert n == 2 and totals == {"training": [3.0, 2.0], "startup": [2.0, 2.0]}
+    table = format_table({"a": totals, "b": {"training": [1.0, 1.0]}})
+    rows = {line.split("|")[0].strip(): [float(x) for x in re.findall(r"[\d.]+", line.split("|", 1)[1])]
+            for line in table.splitlines()[3:]}
+    assert list(rows) == ["startup", "training", "total"]  # in the order a cell meets them
+    assert rows["total"] == [5.0, 4.0, 1.0, 1.0] and rows["startup"] == [2.0, 2.0, 0.0, 0.0]
+
+
+@pytest.mark.slow
+def test_every_cells_phases_add_up_to_its_wall_and_every_rank_leaves_its_totals(tmp_path):
+    out = tmp_path / "r.jsonl"
+    t0 = time.perf_counter()
+    res = subprocess.run([sys.executable, "-m", "harness", "run", "--quiet", "--out", str(out), "--scenario", "plain",
+                          "--scenario", "hsdp", "--world-size", "2", "--world-size", "4", "--variant", "vanilla",
+                          "--variant", "deployed"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    wall = time.perf_counter() - t0
+    assert res.returncode == 0, res.stdout + res.stderr
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(records) == 8
+    for r in records:
+        assert set(r["phases"]) <= set(CATEGORIES), r["phases"]
+        assert {"training", "build + shard", "reference"} <= set(r["phases"])
+        assert record_sum(r["phases"]) == pytest.approx(r["duration_s"], rel=0.05, abs=0.03), r["phases"]
+    totals, n = load_totals([tmp_path / "r.logs"])
+    assert n == 4  # one launch of 4 ranks
+    per_rank = [json.loads(p.read_text())["phases"] for p in sorted((tmp_path / "r.logs").glob("*.phases"))]
+    for phases in per_rank:  # each rank's life: from its start to its exit, within the run's wall
+        assert 0.5 * wall < record_sum(phases) < wall, phases
+    assert totals["training"][1] > 0 and totals["startup"][1] > 0
