@@ -14,7 +14,9 @@
             ``--against DIR`` runs the same suite from another checkout in the same rounds,
             alternating, as a column of its own (before/after a change); ``--each-cut`` adds a
             column per saving of ``harness.rank.cuts`` turned off, and one with all off, each
-            with its difference from (e): that cut's gain, measured in the same rounds.
+            with its difference from (e): that cut's gain, measured in the same rounds;
+            ``--column 'LABEL:NAME=VALUE'`` a column with an environment variable set
+            (``FSDP_COMPAT_LEDGER=0``: the ledger's cost).
 (f):        what a hung cell costs: a launch with a cell that hangs vs the same launch without it.
 
     python bench/launch_bench.py [--parts ab,cd,e,f] [--repeat 3] [--rounds 1] [--against DIR] [--each-cut]
@@ -125,15 +127,14 @@ def bare_start(world: int = 4) -> float:
     return time.perf_counter() - t0
 
 
-def cli_suite(tree: Path, out: Path, scenarios: list[str], cuts_off: str = "") -> SuiteRun:
+def cli_suite(tree: Path, out: Path, scenarios: list[str], extra_env: dict[str, str] | None = None) -> SuiteRun:
     """The suite as users run it, from checkout ``tree`` (its own harness and scenarios), with
-    the cuts named in ``cuts_off`` turned off (``harness.rank.cuts``)."""
+    ``extra_env`` set (``FSDP_COMPAT_CUTS_OFF``: cuts turned off, ``harness.rank.cuts``)."""
     cmd = [sys.executable, "-m", "harness", "run", "--quiet", "--device", "cpu", "--out", str(out)]
     cmd += [a for n in scenarios for a in ("--scenario", n)]
     cmd += [] if scenarios else ["--world-size", "1", "--world-size", "2", "--world-size", "4"]
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", CUTS_ENV)}
-    if cuts_off:
-        env[CUTS_ENV] = cuts_off
+    env.update(extra_env or {})
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     subprocess.run(cmd, cwd=tree, env=env, capture_output=True, timeout=3600)
@@ -145,7 +146,7 @@ def cli_suite(tree: Path, out: Path, scenarios: list[str], cuts_off: str = "") -
     return SuiteRun(wall=wall, cpu=cpu, records=records, phases=phases, processes=processes)
 
 
-def part_eg(folder: Path, *, trees: dict[str, tuple[Path, str]], rounds: int, scenarios: list[str],
+def part_eg(folder: Path, *, trees: dict[str, tuple[Path, dict[str, str]]], rounds: int, scenarios: list[str],
             default_wall: float | None) -> None:
     """(e) per column (a checkout, with some cuts off) and (g) the bare start, alternating for
     ``rounds``; then the breakdown."""
@@ -153,8 +154,8 @@ def part_eg(folder: Path, *, trees: dict[str, tuple[Path, str]], rounds: int, sc
     bare = [bare_start()]
     for r in range(rounds):
         order = list(enumerate(trees.items()))
-        for i, (name, (tree, off)) in order if r % 2 == 0 else reversed(order):
-            runs[name].append(cli_suite(tree, folder / f"suite-{i}-round{r}.jsonl", scenarios, off))
+        for i, (name, (tree, env)) in order if r % 2 == 0 else reversed(order):
+            runs[name].append(cli_suite(tree, folder / f"suite-{i}-round{r}.jsonl", scenarios, env))
         bare.append(bare_start())
     g = statistics.median(bare)
     what = "suite with the HF pack" if not scenarios else f"suite of {', '.join(scenarios)}"[:29]
@@ -226,6 +227,9 @@ def main() -> int:
     parser.add_argument("--against", action="append", default=[], metavar="DIR",
                         help="(e): also run the suite from this checkout, alternating (repeatable)")
     parser.add_argument("--scenario", action="append", default=[], help="(e): only these scenarios (repeatable)")
+    parser.add_argument("--column", action="append", default=[], metavar="LABEL:NAME=VALUE",
+                        help="(e): also the suite with this environment variable set, as a column (repeatable; "
+                             "e.g. 'without ledger:FSDP_COMPAT_LEDGER=0')")
     parser.add_argument("--each-cut", action="store_true",
                         help="(e): also one column per cut of harness.rank.cuts turned off, and one with all off")
     args = parser.parse_args()
@@ -233,14 +237,20 @@ def main() -> int:
     unknown = parts - {"ab", "cd", "e", "f"}
     if unknown:
         parser.error(f"unknown part(s): {', '.join(sorted(unknown))}")
-    trees = {"this checkout": (ROOT, "")}
+    trees = {"this checkout": (ROOT, {})}
+    for column in args.column:
+        label, _, assignment = column.rpartition(":")
+        name, eq, value = assignment.partition("=")
+        if not (label and name and eq):
+            parser.error(f"--column {column!r}: expected LABEL:NAME=VALUE")
+        trees[label] = (ROOT, {name: value})
     if args.each_cut:
-        trees |= {f"without {name}": (ROOT, name) for name in CUTS}
-        trees["without any cut"] = (ROOT, "all")
+        trees |= {f"without {name}": (ROOT, {CUTS_ENV: name}) for name in CUTS}
+        trees["without any cut"] = (ROOT, {CUTS_ENV: "all"})
     for other in args.against:
         if not (Path(other) / "harness" / "__main__.py").is_file():
             parser.error(f"--against {other}: not a checkout of this project (no harness/__main__.py)")
-        trees[str(other)] = (Path(other).resolve(), "")
+        trees[str(other)] = (Path(other).resolve(), {})
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
