@@ -112,6 +112,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--shuffle", type=int, default=None, metavar="SEED",
                      help="run the cells in a random order from SEED (the same seed, the same order; recorded as "
                           "order_seed): an outcome that changes with the order depends on an earlier cell")
+    run.add_argument("--init", choices=["full", "meta"], default="full",
+                     help="meta: build every model on the meta device, shard, to_empty, reset_parameters (with "
+                          "meta_init_full_rng on CPU); a model that cannot be built so is skipped with the reason")
     run.add_argument("--dump", default=None, help="save each judged cell's observed tensors in this folder")
     run.add_argument("--expect-torch", default=None, metavar="X.Y.Z",
                      help="stop (exit 2) unless the installed torch is this release")
@@ -198,7 +201,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         variants=args.variant or list(VARIANTS), patches=args.patches,
         patch_mapping=parse_mapping(args.patch_map), timeout_s=args.timeout, scenario_dirs=args.scenarios_dir,
         isolate=args.isolate, per=args.launch_per, dump=Path(args.dump) if args.dump else None,
-        expect_torch=args.expect_torch, shuffle=args.shuffle,
+        expect_torch=args.expect_torch, shuffle=args.shuffle, init=args.init,
         run_id=run_id, out=Path(args.out) if args.out else Path("runs") / f"{run_id}.jsonl",
         nnodes=args.nnodes, node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint,
     )

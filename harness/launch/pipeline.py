@@ -45,6 +45,8 @@ class RunRequest:
     rdzv_endpoint: str | None = None
     #: run the cells in a random order from this seed (``harness.plan.placement.stages``)
     shuffle: int | None = None
+    #: "meta": every model built on the meta device (``harness.train.meta_init``)
+    init: str = "full"
 
 
 def run(req: RunRequest, *, on_start: Callable[[int, Path], None] | None = None,
@@ -67,7 +69,7 @@ def run(req: RunRequest, *, on_start: Callable[[int, Path], None] | None = None,
         on_warning(warning)
     cells = plan_cells(chosen, world_sizes=req.world_sizes or None, devices=req.devices, variants=req.variants,
                        explicit_scenarios=bool(req.scenarios), timeout_s=req.timeout_s,
-                       deployed_patches=deployed_patches(vocabulary, source, req.patch_mapping))
+                       deployed_patches=deployed_patches(vocabulary, source, req.patch_mapping), init=req.init)
     if not cells and not broken:
         raise ValueError("nothing to run: no scenario supports the chosen world sizes and devices")
     for ws in req.world_sizes if chosen else []:

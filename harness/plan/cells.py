@@ -14,8 +14,10 @@ from harness.vocabulary import DEVICES, VARIANTS
 
 #: per-cell timeout when neither the scenario nor the run sets one
 DEFAULT_TIMEOUT_S = 30.0
+#: the patch every CPU cell of a meta-init run installs: a sharded random init drawn as one process draws it (bug N)
+META_WORKAROUND = "meta_init_full_rng"
 
-__all__ = ["DEFAULT_TIMEOUT_S", "Cell", "all_patch_names", "plan_cells"]
+__all__ = ["DEFAULT_TIMEOUT_S", "META_WORKAROUND", "Cell", "all_patch_names", "plan_cells"]
 
 
 @dataclass(kw_only=True)
@@ -43,6 +45,8 @@ class Cell:
     #: the scenario's public API alternative ("name (torch >= X)") and the patches it replaces
     api: str | None = None
     api_replaces: tuple[str, ...] = ()
+    #: "meta": built on the meta device (``run --init meta``, ``harness.train.meta_init``)
+    init: str = "full"
     @property
     def label(self) -> str:
         return f"{self.scenario}[{self.variant},{self.device},w{self.world_size}]"
@@ -83,6 +87,7 @@ def plan_cells(
     timeout_s: float | None = None,
     deployed_patches: tuple[str, ...] = (),
     torch_version: str | None = None,
+    init: str = "full",
 ) -> list[Cell]:
     """Every supported (scenario, variant, device, world size) combination, in order.
 
@@ -95,6 +100,9 @@ def plan_cells(
     A world size or device asked for by name for a scenario asked for by name that the
     scenario does not support is a ``ValueError``; without named scenarios such
     combinations are left out.
+
+    ``init="meta"`` builds every model on the meta device; on CPU every variant also
+    installs ``META_WORKAROUND`` (bug N's fix), without which no scenario's own verdict shows.
     """
     for d in devices:
         if d not in DEVICES:
@@ -105,6 +113,8 @@ def plan_cells(
     for ws in world_sizes or []:
         if ws < 1:
             raise ValueError(f"world size must be a positive integer, got {ws}")
+    if init not in ("full", "meta"):
+        raise ValueError(f"unknown init {init!r} (choose from full, meta)")
     version = torch_version or _torch_version()
     cells: list[Cell] = []
     for s in scenarios:
@@ -121,6 +131,9 @@ def plan_cells(
                     installs = {"patched": tuple(s.patches), "deployed": deployed_patches,
                                 # the API replaces its patches; the scenario's others stay
                                 "api": tuple(p for p in s.patches if s.api and p not in s.api.replaces)}.get(v, ())
+                    meta = init == "meta" and s.sharding.init == "full"
+                    if meta and d == "cpu" and META_WORKAROUND not in installs:
+                        installs = (*installs, META_WORKAROUND)
                     cells.append(Cell(
                         index=len(cells), scenario=s.name, variant=v, device=d, backend=s.backend_for(d),
                         world_size=ws, mesh=s.sharding.mesh_shape(ws),
@@ -129,6 +142,7 @@ def plan_cells(
                         expected=expect.status, expected_match=expect.match, why=expect.why,  # type: ignore[arg-type]
                         fixed_by=expect.fixed_by, upstream=expect.upstream,
                         api=s.api.describe() if s.api else None, api_replaces=s.api.replaces if s.api else (),
+                        init="meta" if meta or s.sharding.init == "meta" else "full",
                     ))
     return cells
 

@@ -38,6 +38,7 @@ from harness.rank.state import GlobalState
 from harness.rank.watchdog import CellTimeout, Watchdog
 from harness.results import record
 from harness.scenario.spec import UNUSED_PARAMS_API, Scenario
+from harness.train.meta_init import as_meta, init_gap
 from harness.train.step import StepTensors
 from harness.undertest.install import install_set, load_patches_module
 from harness.undertest.undo import PatchUndo, forget_module
@@ -225,6 +226,7 @@ class CellRun:
 
     def _scenario(self, cell: Cell) -> Scenario:
         scenario = self.scenarios[cell.scenario]
+        scenario = as_meta(scenario) if cell.init == "meta" else scenario
         return scenario.with_api() if cell.variant == "api" else scenario
 
     def _outcome_fields(self, cell: Cell, observed: list[StepTensors] | None, outcomes: list[peers.RankOutcome],
@@ -271,4 +273,6 @@ def _skip_reason(cell: Cell, scenario: Scenario) -> str | None:
         needs = UNUSED_PARAMS_API
     if needs is not None and not needs.available():
         return f"recipe needs {needs.describe()}, absent in this torch"
+    if cell.init == "meta" and scenario.sharding.init == "full" and (gap := init_gap(scenario)):  # the run's choice
+        return f"cannot run built on meta: {gap}"
     return None

@@ -25,17 +25,8 @@ from typing import Any
 from harness.results.machine import environment, torch_info
 from harness.vocabulary import FAILING, INSTALL_STATUSES, STATUSES, VARIANTS, format_statuses, parse_statuses
 
-__all__ = [
-    "SCHEMA",
-    "Record",
-    "RecordError",
-    "append",
-    "expand_paths",
-    "finish",
-    "load_records",
-    "append_line",
-    "new_record",
-]
+__all__ = ["SCHEMA", "Record", "RecordError", "append", "expand_paths", "finish", "load_records", "append_line",
+           "new_record"]
 
 SCHEMA = 2
 #: older schemas this code still reads (fields they lack take their defaults)
@@ -108,6 +99,8 @@ class Record:
     left_state: list[str] = field(default_factory=list)
     #: the seed of the shuffled cell order the run used (``run --shuffle``); None: the planned order
     order_seed: int | None = None
+    #: "meta": the run built every model on the meta device (``run --init meta``, ``harness.train.meta_init``)
+    init: str = "full"
     #: the judge's wall and CPU seconds per phase of the cell (``harness.rank.phases``: name -> [wall, cpu])
     phases: dict[str, list[float]] | None = None
     duration_s: float | None = None
@@ -225,7 +218,7 @@ def new_record(cell, *, run_id: str, launch_id: str, patches_module: str, t0: fl
         installed_patches=list(cell.patches), bug_observable=cell.bug_observable, status=status,
         expected=tuple(cell.expected), expected_match=cell.expected_match, as_expected=False,
         fixed_by=cell.fixed_by, upstream=cell.upstream, api=cell.api, api_replaces=list(cell.api_replaces),
-        reason=cell.why or None, timeout_s=cell.timeout_s, env=environment(),
+        reason=cell.why or None, timeout_s=cell.timeout_s, env=environment(), init=cell.init,
     )
     for key, value in outcome.items():
         assert key in _FIELDS, key

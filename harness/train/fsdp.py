@@ -28,6 +28,7 @@ from harness.train import ledger as collectives
 from harness.train import recipe
 from harness.train import resources as held
 from harness.train.gather import Deferred, gather_full, plain_placements
+from harness.train.meta_init import init_on
 from harness.train.norm_group import rehome
 from harness.train.step import StepTensors
 
@@ -137,7 +138,8 @@ def build_model(scenario: Scenario, mesh: DeviceMesh, device_type: str, api: Pub
         fsdp_public.fully_shard(model.get_submodule(fqn), **kwargs)
     fsdp_public.fully_shard(model, **kwargs)
     if s.init == "meta":
-        _init_on(model, device_type)
+        init_on(model, torch.device(device_type, torch.cuda.current_device()) if device_type == "cuda"
+                else torch.device("cpu"))
     if s.reduce_scatter_unused_params:
         for module in model.modules():  # the setter does not reach child FSDP modules
             if hasattr(module, "set_reduce_scatter_unused_params"):
@@ -149,18 +151,6 @@ def build_model(scenario: Scenario, mesh: DeviceMesh, device_type: str, api: Pub
     if api is not None and api.configure_root is not None:
         api.configure_root(model, dp_world)
     return model
-
-
-def _init_on(model: nn.Module, device_type: str) -> None:
-    """Materialise a meta-built, sharded model on this rank's device and run every
-    sub-module's ``reset_parameters()`` under ``MODEL_SEED`` (``Sharding.init="meta"``)."""
-    device = torch.device(device_type, torch.cuda.current_device()) if device_type == "cuda" else torch.device("cpu")
-    model.to_empty(device=device)
-    torch.manual_seed(MODEL_SEED)
-    for module in model.modules():
-        reset = getattr(module, "reset_parameters", None)
-        if callable(reset):
-            reset()
 
 
 class FsdpSide:

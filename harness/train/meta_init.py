@@ -1,0 +1,77 @@
+"""Meta-device initialization: build on ``meta``, ``fully_shard``, ``to_empty``, then every
+sub-module's ``reset_parameters()`` under the model seed, as large-model stacks do.
+
+``Sharding(init="meta")`` runs one scenario this way (bug N is about it); ``run --init
+meta`` runs every scenario this way (``as_meta``), with ``meta_init_full_rng``
+(``harness.plan.cells.META_WORKAROUND``) installed in every variant on CPU, where without
+it every rank draws the same random stream for its shard and no scenario's own verdict
+could show. A scenario whose model is not initialised
+by ``reset_parameters`` alone (weights set in ``__init__``, a cast after construction, a
+Hugging Face model's ``_init_weights``) cannot run this way: ``init_gap`` builds it both
+ways in one process and names the first parameter that differs, and the cell is skipped
+with that reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import nn
+
+from harness.scenario.spec import MODEL_SEED, Scenario
+
+__all__ = ["as_meta", "init_gap", "init_on"]
+
+
+def init_on(model: nn.Module, device: torch.device) -> None:
+    """Materialise a meta-built (and possibly sharded) model on ``device`` and run every
+    sub-module's ``reset_parameters()`` under ``MODEL_SEED``."""
+    model.to_empty(device=device)
+    torch.manual_seed(MODEL_SEED)
+    for module in model.modules():
+        reset = getattr(module, "reset_parameters", None)
+        if callable(reset):
+            reset()
+
+
+def as_meta(scenario: Scenario) -> Scenario:
+    """``scenario`` built on the meta device (unchanged where it already is)."""
+    if scenario.sharding.init == "meta":
+        return scenario
+    return dataclasses.replace(scenario, sharding=dataclasses.replace(scenario.sharding, init="meta"))
+
+
+_gaps: dict[int, str | None] = {}
+
+
+def init_gap(scenario: Scenario) -> str | None:
+    """Why ``scenario``'s model cannot be built on meta and initialised by ``reset_parameters``
+    to what its constructor makes under the same seed; None where it can (cached per scenario)."""
+    key = id(scenario.model)
+    if key not in _gaps:
+        _gaps[key] = _measure_gap(scenario)
+    return _gaps[key]
+
+
+def _measure_gap(scenario: Scenario) -> str | None:
+    rng = torch.get_rng_state()
+    try:
+        torch.manual_seed(MODEL_SEED)
+        full = scenario.model()
+        torch.manual_seed(MODEL_SEED)
+        with torch.device("meta"):
+            built = scenario.model()
+        init_on(built, torch.device("cpu"))
+    except Exception as e:  # a model that cannot be built on meta at all
+        return f"its model cannot be built on the meta device ({type(e).__name__}: {str(e)[:120]})"
+    finally:
+        torch.set_rng_state(rng)
+    want, got = full.state_dict(), built.state_dict()
+    if want.keys() != got.keys():
+        return "built on meta, its model has other parameters and buffers"
+    for name, value in want.items():
+        if value.dtype != got[name].dtype or not torch.equal(value, got[name]):
+            return (f"its model's init is not reset_parameters() alone: {name} differs when built on meta "
+                    f"(set in __init__, cast after construction, or initialised by the model's own hooks)")
+    return None
