@@ -55,6 +55,16 @@ class Session:
         raise AssertionError(message)
 
 
+class Recorder(Session):
+    """A session that only records what it would install and run."""
+
+    def install(self, *args):
+        self.installs.append(list(args))
+
+    def run(self, program, *args, env=None, **_):
+        self.runs.append(([program, *args], env))
+
+
 def _stack(tmp_path: Path) -> Path:
     """Another team's repository: a package (its patches inside, importing the rest of it), a
     scenario folder whose scenario imports that package, and a matrix file naming both."""
@@ -128,13 +138,6 @@ def test_a_source_entry_is_stamped_on_the_run_and_a_rerun_keeps_other_versions(t
     for name in ("torch-2.16.0.jsonl", "torch-2.16.0rc1.jsonl", "torch-2.16.0rc1-gw0.jsonl"):
         (runs / "cpu" / name).write_text("")
 
-    class Recorder(Session):
-        def install(self, *args):
-            self.installs.append(list(args))
-
-        def run(self, program, *args, env=None, **_):
-            self.runs.append(([program, *args], env))
-
     monkeypatch.setattr("harness.envs.install.LOCAL_WHEELS", [])
     session = Recorder(tmp_path / "venv", posargs=["--config", "m.yaml", "--shuffle", "3"])
     run_cell(session, matrix, "2.16.0rc1", "cpu", root=ROOT, runs=runs)
@@ -152,13 +155,6 @@ def test_the_committed_matrix_runs_as_before(tmp_path, monkeypatch):
     """matrix.yaml's cells: torch, then the hf_ pack's transformers, nothing else installed; the
     same run command as before ``install``/``scenarios_dirs``/sources existed."""
     from harness.envs.install import torch_install_args
-
-    class Recorder(Session):
-        def install(self, *args):
-            self.installs.append(list(args))
-
-        def run(self, program, *args, env=None, **_):
-            self.runs.append(([program, *args], env))
 
     monkeypatch.setattr("harness.envs.install.LOCAL_WHEELS", [])
     matrix = load_matrix(ROOT / "matrix.yaml")

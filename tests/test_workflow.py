@@ -66,6 +66,16 @@ def _fake_nox(tmp_path):
     return bin_dir
 
 
+def _run_summary_step(tmp_path, *, timeout):
+    """The workflow's summary step in ``tmp_path`` with a stand-in nox; (its result, the summary file)."""
+    summary = tmp_path / "summary.md"
+    env = {**os.environ, "GITHUB_STEP_SUMMARY": str(summary), "PATH": f"{_fake_nox(tmp_path)}:{os.environ['PATH']}"}
+    res = subprocess.run(["bash", "-ec", _summary_step()], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=timeout)
+    assert res.returncode == 0, res.stderr
+    return res, summary
+
+
 @pytest.mark.parametrize("worse", [False, True])
 def test_the_summary_puts_what_changed_since_the_last_run_first(tmp_path, worse):
     from harness.results.report import build_report
@@ -75,11 +85,7 @@ def test_the_summary_puts_what_changed_since_the_last_run_first(tmp_path, worse)
     new_cell = _cell("2.14.1", "error", "mismatch") if worse else _cell("2.14.1", "pass")
     build_report([_run(tmp_path, "runs/matrix", new_cell)], tmp_path / "reports")
     assert old["csv"] == tmp_path / "previous" / "compat.csv"
-    summary = tmp_path / "summary.md"
-    env = {**os.environ, "GITHUB_STEP_SUMMARY": str(summary), "PATH": f"{_fake_nox(tmp_path)}:{os.environ['PATH']}"}
-    res = subprocess.run(["bash", "-ec", _summary_step()], cwd=tmp_path, env=env, capture_output=True, text=True,
-                         timeout=120)
-    assert res.returncode == 0, res.stderr
+    res, summary = _run_summary_step(tmp_path, timeout=120)
     text = summary.read_text()
     assert text.startswith("## Changes:")
     assert text.index("## Changes:") < text.index((tmp_path / "reports" / "compat.md").read_text().splitlines()[0])
@@ -92,11 +98,7 @@ def test_the_summary_says_when_there_is_no_previous_run(tmp_path):
     from tests.test_diff import _cell, _run
 
     build_report([_run(tmp_path, "runs/matrix", _cell("2.14.1", "pass"))], tmp_path / "reports")
-    summary = tmp_path / "summary.md"
-    env = {**os.environ, "GITHUB_STEP_SUMMARY": str(summary), "PATH": f"{_fake_nox(tmp_path)}:{os.environ['PATH']}"}
-    res = subprocess.run(["bash", "-ec", _summary_step()], cwd=tmp_path, env=env, capture_output=True, text=True,
-                         timeout=60)
-    assert res.returncode == 0, res.stderr
+    _, summary = _run_summary_step(tmp_path, timeout=60)
     assert summary.read_text().startswith("No earlier successful run to compare with.")
 
 
@@ -112,11 +114,7 @@ def test_the_summary_puts_the_prerelease_lane_first_when_the_records_have_one(tm
         rec["env"] = {"torch_source": "find-links ./rc-wheels; pre-releases allowed"}
     records = _run(tmp_path, "runs/matrix", [*_cell("2.14.1", "error"), *_cell("2.15.0", "error"), *candidate])
     build_report([records], tmp_path / "reports")
-    summary = tmp_path / "summary.md"
-    env = {**os.environ, "GITHUB_STEP_SUMMARY": str(summary), "PATH": f"{_fake_nox(tmp_path)}:{os.environ['PATH']}"}
-    res = subprocess.run(["bash", "-ec", _summary_step()], cwd=tmp_path, env=env, capture_output=True, text=True,
-                         timeout=120)
-    assert res.returncode == 0, res.stderr
+    res, summary = _run_summary_step(tmp_path, timeout=120)
     text = summary.read_text()
     assert text.startswith("# Pre-release lane\n")
     lane = text.split("## Changes: previous/compat.csv")[0]
