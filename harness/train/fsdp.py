@@ -41,7 +41,7 @@ def train(scenario: Scenario, cell: Cell, utilities: dict[str, Any], rank: int, 
 
     ``stamp(phase)`` is told where the rank is ("build model", "step 0 micro-batch 1
     backward", ...), so a hang can be blamed on the rank that did not arrive."""
-    device = torch.device(cell.device, torch.cuda.current_device()) if cell.device == "cuda" else torch.device("cpu")
+    device = _rank_device(cell.device)
     stamp("build model")
     mesh = init_device_mesh(cell.device, tuple(cell.mesh), mesh_dim_names=scenario.sharding.mesh_dim_names(world))
     _all_connected(device)
@@ -110,6 +110,11 @@ def _all_connected(device: torch.device) -> None:
         dist.barrier()
 
 
+def _rank_device(device_type: str) -> torch.device:
+    """This rank's device: its current CUDA device, or the CPU."""
+    return torch.device(device_type, torch.cuda.current_device()) if device_type == "cuda" else torch.device("cpu")
+
+
 def build_model(scenario: Scenario, mesh: DeviceMesh, device_type: str, api: PublicApi | None = None) -> nn.Module:
     """The scenario's model (seeded like the reference), sharded as it declares; with the
     ``api`` variant's ``configure`` called on every FSDP module, children first.
@@ -138,8 +143,7 @@ def build_model(scenario: Scenario, mesh: DeviceMesh, device_type: str, api: Pub
         fsdp_public.fully_shard(model.get_submodule(fqn), **kwargs)
     fsdp_public.fully_shard(model, **kwargs)
     if s.init == "meta":
-        init_on(model, torch.device(device_type, torch.cuda.current_device()) if device_type == "cuda"
-                else torch.device("cpu"))
+        init_on(model, _rank_device(device_type))
     if s.reduce_scatter_unused_params:
         for module in model.modules():  # the setter does not reach child FSDP modules
             if hasattr(module, "set_reduce_scatter_unused_params"):
