@@ -98,6 +98,11 @@ def test_every_cells_phases_add_up_to_its_wall_and_every_rank_leaves_its_totals(
     totals, n = load_totals([tmp_path / "r.logs"])
     assert n == 4  # one launch of 4 ranks
     per_rank = [json.loads(p.read_text())["phases"] for p in sorted((tmp_path / "r.logs").glob("*.phases"))]
-    for phases in per_rank:  # each rank's life: from its start to its exit, within the run's wall
-        assert 0.5 * wall < record_sum(phases) < wall, phases
+    # Every rank of the launch takes part in each 4-rank cell, one after another, after its own
+    # startup: its life covers them all and stays within the run's wall. (Not a fraction of the
+    # wall: on a loaded machine the parent's and torchrun's own imports can take most of it.)
+    four_rank_cells = sum(r["duration_s"] for r in records if r["world_size"] == 4)
+    assert sum(r["world_size"] == 4 for r in records) == 4
+    for phases in per_rank:
+        assert phases["startup"][0] + four_rank_cells < record_sum(phases) < wall, phases
     assert totals["training"][1] > 0 and totals["startup"][1] > 0
