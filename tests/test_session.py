@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from harness.envs.matrix import load_matrix
-from harness.envs.session import run_cell
+from harness.envs.session import compile_bytecode, run_cell
 from tests.support import ROOT
 
 TORCH = str(torch.__version__).split("+")[0]
@@ -29,6 +29,7 @@ class Session:
         self.posargs = list(posargs)
         self.installs: list[list[str]] = []
         self.runs: list[tuple[list[str], dict]] = []
+        self.install_runs: list[list[str]] = []  # commands of the install step (nox: also under --install-only)
         self.python = venv / "bin" / "python"
 
     def install(self, *args):
@@ -48,6 +49,11 @@ class Session:
         self.result = subprocess.run(cmd, env={**os.environ, **(env or {})}, capture_output=True, text=True,
                                      timeout=300)
 
+    def run_install(self, program, *args, **_):
+        self.install_runs.append([program, *args])
+        cmd = [str(self.python) if program == "python" else program, *args]
+        subprocess.run(cmd, check=True, capture_output=True, timeout=300)
+
     def skip(self, message):
         pytest.skip(message)
 
@@ -63,6 +69,9 @@ class Recorder(Session):
 
     def run(self, program, *args, env=None, **_):
         self.runs.append(([program, *args], env))
+
+    def run_install(self, program, *args, **_):
+        self.install_runs.append([program, *args])
 
 
 def _stack(tmp_path: Path) -> Path:
@@ -166,3 +175,20 @@ def test_the_committed_matrix_runs_as_before(tmp_path, monkeypatch):
     assert session.runs == [(["python", "-m", "harness", "run", "--device", "cpu", "--out", str(out), "--patches",
                               "fsdp_patches", "--timeout", "60.0", "--expect-torch", "2.12.1", "--world-size", "1",
                               "--world-size", "2", "--world-size", "4"], {"PYTHONPATH": str(ROOT)})]
+
+
+def test_the_venvs_packages_are_compiled_once_per_set_of_installs(tmp_path):
+    """uv installs without bytecode; the session compiles the venv's site-packages once and
+    notes for which installs, so a rerun with the same installs does not walk them again."""
+    venv = tmp_path / "venv"
+    subprocess.run(["uv", "venv", "-q", "-p", sys.executable, str(venv)], check=True, timeout=60)
+    purelib = Path(subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                  check=True, capture_output=True, text=True).stdout.strip())
+    (purelib / "acme_mod.py").write_text("VALUE = 1\n")
+    (purelib / "broken_py2.py").write_text("print 'python 2'\n")  # a package's file that does not compile: not fatal
+    session, folder = Session(venv), venv / ".fsdp-compat"
+    assert compile_bytecode(session, folder, "torch==2.13.0")
+    assert list((purelib / "__pycache__").glob("acme_mod.*.pyc"))
+    assert (folder / "bytecode-compiled").read_text() == "torch==2.13.0"
+    assert not compile_bytecode(session, folder, "torch==2.13.0") and len(session.install_runs) == 1
+    assert compile_bytecode(session, folder, "torch==2.13.0 transformers==4.57.1") and len(session.install_runs) == 2
