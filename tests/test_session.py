@@ -45,14 +45,15 @@ class Session:
 
     def run(self, program, *args, env=None, **_):
         self.runs.append(([program, *args], env))
-        cmd = [str(self.python) if program == "python" else program, *args]
-        self.result = subprocess.run(cmd, env={**os.environ, **(env or {})}, capture_output=True, text=True,
+        self.result = subprocess.run(self._command(program, args), env={**os.environ, **(env or {})}, capture_output=True, text=True,
                                      timeout=300)
 
     def run_install(self, program, *args, **_):
         self.install_runs.append([program, *args])
-        cmd = [str(self.python) if program == "python" else program, *args]
-        subprocess.run(cmd, check=True, capture_output=True, timeout=300)
+        subprocess.run(self._command(program, args), check=True, capture_output=True, timeout=300)
+
+    def _command(self, program, args):
+        return [str(self.python) if program == "python" else program, *args]
 
     def skip(self, message):
         pytest.skip(message)

@@ -123,7 +123,8 @@ def run_cell(session: Any, matrix: Matrix, torch: str, device: str, *, root: Pat
     if device == "cuda" and not gpu_visible():
         session.skip("no GPU visible on this machine (nvidia-smi finds none)")
     source = matrix.source(torch, device)
-    torch_args = torch_install_args(torch, device, Path(session.virtualenv.location) / ".fsdp-compat", source)
+    own = Path(session.virtualenv.location) / ".fsdp-compat"  # the harness's files in the venv
+    torch_args = torch_install_args(torch, device, own, source)
     try:
         session.install(*torch_args)
     except CommandFailed:
@@ -139,8 +140,7 @@ def run_cell(session: Any, matrix: Matrix, torch: str, device: str, *, root: Pat
         except CommandFailed:
             session.error(f"the matrix's 'install' entries cannot be installed beside torch {torch} "
                           f"(uv's reason is above)")
-    compile_bytecode(session, Path(session.virtualenv.location) / ".fsdp-compat",
-                     " ".join([*torch_args, f"transformers=={transformers}", *(extra or [])]))
+    compile_bytecode(session, own, " ".join([*torch_args, f"transformers=={transformers}", *(extra or [])]))
     out = runs / device / f"torch-{torch}.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
     for old in [out, *out.parent.glob(f"torch-{torch}-*.jsonl")]:
