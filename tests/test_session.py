@@ -21,8 +21,9 @@ TORCH = str(torch.__version__).split("+")[0]
 
 
 class Session:
-    """What ``run_cell`` uses of a nox session: installs go to a real venv (uv, offline),
-    commands run with its python."""
+    """What ``run_cell`` uses of a nox session: installs go to a real venv (uv, offline; a
+    package is built with the build backend this interpreter has, so an empty uv cache
+    needs no index), commands run with its python."""
 
     def __init__(self, venv: Path, posargs=()):
         self.virtualenv = SimpleNamespace(location=str(venv))
@@ -38,7 +39,8 @@ class Session:
         self.installs.append(list(args))
         if not args:
             return
-        res = subprocess.run(["uv", "pip", "install", "-q", "--offline", "--python", str(self.python), *args],
+        res = subprocess.run(["uv", "pip", "install", "-q", "--offline", "--no-build-isolation", "--python",
+                              str(self.python), *args],
                              capture_output=True, text=True, timeout=120)
         if res.returncode:
             raise CommandFailed(res.stderr)
