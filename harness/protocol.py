@@ -264,6 +264,12 @@ class CellKeys:
         return f"{self.prefix}/keep_group"
 
     @property
+    def healthy(self) -> str:
+        """Set by the judge before ``recorded``: "1" when every rank of the slot reported and
+        none failed, so answers the cell measured may be kept (``harness.rank.groups.ProbeCache``)."""
+        return f"{self.prefix}/healthy"
+
+    @property
     def abandoned(self) -> str:
         """Set by the judge when a rank never reported: the launch must end."""
         return f"{self.prefix}/abandoned"

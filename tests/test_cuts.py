@@ -28,5 +28,5 @@ def test_the_run_stops_before_any_launch_with_one_line(tmp_path):
     assert out.returncode != 0
     assert out.stderr.strip().splitlines() == [
         "error: FSDP_COMPAT_CUTS_OFF: unknown cut(s) bogus; known: memory_stamps, group_reuse, reference_cache, "
-        "selective_preload, all"]
+        "probe_cache, selective_preload, pin_ranks, gc_freeze, all"]
     assert not (tmp_path / "r.jsonl").exists() or (tmp_path / "r.jsonl").read_text() == ""

@@ -8,7 +8,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 from harness.rank.cell import CellRun
-from harness.rank.groups import CellGroups, keep_group
+from harness.rank.groups import CellGroups, ProbeCache, keep_group
 from harness.rank.peers import RankOutcome
 from harness.rank.watchdog import Watchdog
 
@@ -81,7 +81,20 @@ def _healthy_cell(g, store) -> None:
     g.settle(keep=True)
 
 
-def test_a_change_of_patch_set_releases_the_group_before_its_snapshot_and_undo(groups):
+@pytest.fixture
+def patches_modules_kept():
+    """The test re-imports fsdp_patches (a patch-set switch does): other tests of this process
+    keep the module objects they imported."""
+    import sys
+
+    kept = {n: m for n, m in sys.modules.items() if n == "fsdp_patches" or n.startswith("fsdp_patches.")}
+    yield
+    for name in [n for n in sys.modules if n == "fsdp_patches" or n.startswith("fsdp_patches.")]:
+        del sys.modules[name]
+    sys.modules.update(kept)
+
+
+def test_a_change_of_patch_set_releases_the_group_before_its_snapshot_and_undo(groups, patches_modules_kept):
     """The undo puts back torch.distributed's module state as its snapshot saw it, the group
     counter included: a group kept across it would share its name with the next group made,
     and destroying that one would unregister it ("Could not resolve the process group
@@ -98,3 +111,68 @@ def test_a_change_of_patch_set_releases_the_group_before_its_snapshot_and_undo(g
     assert sub.group_name != dist.group.WORLD.group_name
     dist.destroy_process_group(sub)
     init_device_mesh("cpu", (1,)).get_group()  # resolves the default group by its name
+
+
+def test_probe_answers_are_kept_only_after_a_cell_every_rank_trained_through():
+    """A rank that finds an answer skips the probe's collectives: a slot's ranks must hold the
+    same answers, so a cell's answers wait for the judge's word that no rank failed."""
+    probes = ProbeCache()
+    key = ("gloo", "cpu", (0, 1), "torch.float32")
+    assert probes.begin(("a",), world_size=2, slot_rank0=0) is probes
+    assert probes.get(key) is None
+    probes.put(key, True)
+    probes.settle(healthy=False)  # a rank failed in that cell: its peers may not have measured
+    probes.begin(("a",), world_size=2, slot_rank0=0)
+    assert probes.get(key) is None
+    probes.put(key, True)
+    probes.settle(healthy=True)
+    probes.begin(("a",), world_size=2, slot_rank0=0)
+    assert probes.get(key) is True and probes.hits == 1
+
+
+@pytest.mark.parametrize("scope", [(("b",), 2, 0), (("a",), 2, 2), (("a",), 4, 0)])
+def test_probe_answers_belong_to_their_patch_set_and_slot(scope):
+    probes = ProbeCache()
+    key = ("gloo", "cpu", (0, 1), "torch.float32")
+    probes.begin(("a",), world_size=2, slot_rank0=0)
+    probes.put(key, True)
+    probes.settle(healthy=True)
+    patches, world_size, slot_rank0 = scope
+    probes.begin(patches, world_size=world_size, slot_rank0=slot_rank0)
+    assert probes.get(key) is None
+
+
+def test_without_the_cut_every_cell_probes(monkeypatch):
+    from harness.rank import cuts
+
+    monkeypatch.setattr(cuts, "_off", frozenset({"probe_cache"}))
+    assert ProbeCache().begin((), world_size=2, slot_rank0=0) is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cut_off", [False, True])
+def test_a_launch_probes_again_after_a_failed_cell_and_not_after_a_healthy_one(tmp_path, monkeypatch, cut_off):
+    """fault_unexpected probes, then rank 1 fails in forward: the answer is dropped, so
+    fault_after probes again; fault_nan_fsdp (a mismatch: every rank trained) finds fault_after's."""
+    from harness.launch.launcher import LaunchOptions, run_cells
+    from harness.plan.cells import plan_cells
+    from harness.rank.cuts import ENV
+    from harness.scenario.load import load_scenarios
+    from tests.support import FIXTURE_SCENARIOS
+
+    if cut_off:
+        monkeypatch.setenv(ENV, "probe_cache")
+    names = ["fault_unexpected", "fault_after", "fault_nan_fsdp"]
+    scenarios = load_scenarios([str(FIXTURE_SCENARIOS)]).scenarios
+    cells = plan_cells([scenarios[n] for n in names], world_sizes=[2], devices=["cpu"], variants=["vanilla"],
+                       explicit_scenarios=True)
+    cells.sort(key=lambda c: names.index(c.scenario))
+    for i, c in enumerate(cells):  # the slot runs them in this order
+        c.index = i
+    opts = LaunchOptions(run_id="t", out_path=tmp_path / "r.jsonl", log_dir=tmp_path / "logs",
+                         scenario_dirs=[str(FIXTURE_SCENARIOS)])
+    records = run_cells(cells, opts).records
+    assert [(r.scenario, r.status) for r in records] == list(zip(names, ["error", "pass", "mismatch"]))
+    assert len({r.launch_id for r in records}) == 1
+    probed = {r.scenario: "reduction probe" in (r.phases or {}) for r in records}
+    assert probed == {"fault_unexpected": True, "fault_after": True, "fault_nan_fsdp": cut_off}

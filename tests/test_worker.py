@@ -1,12 +1,18 @@
 """The per-rank program (``harness.rank.worker``): which cells are this rank's, and that it
 preloads and imports only what they need."""
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 
 from harness.plan.cells import Cell
 from harness.plan.placement import Stage
 from harness.protocol import LaunchPlan
 from harness.rank import worker
+from tests.support import ROOT
 
 
 def _cell(index, **kw):
@@ -52,3 +58,40 @@ def test_requirements_are_those_of_the_ranks_scenarios(monkeypatch):
     monkeypatch.setattr(worker.importlib, "import_module", imported.append)
     worker._import_requirements([_cell(0, scenario="a"), _cell(1, scenario="a")], scenarios)
     assert imported == ["pkg_a.models"]
+
+
+_SEES = '''
+import gc, os
+from harness.spec import Scenario, default_forward
+from scenarios._models import MLP, randn_batch
+
+def _forward(model, batch, ctx):
+    cores = len(os.sched_getaffinity(0))
+    expected = os.environ["SEES_CORES"]
+    if str(cores) != expected or (gc.get_freeze_count() > 0) != (os.environ["SEES_FROZEN"] == "1"):
+        raise RuntimeError(f"rank {ctx.rank} sees {cores} core(s), {gc.get_freeze_count()} frozen objects")
+    return default_forward(model, batch, ctx)
+
+SCENARIOS = [Scenario(name="sees", summary="checks its rank's cores and collector", model=MLP, batch=randn_batch(),
+                      forward=_forward, world_sizes=(4,), devices=("cpu",))]
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs affinity control and two cores")
+@pytest.mark.parametrize("off", ["", "pin_ranks,gc_freeze"])
+def test_four_ranks_on_two_cores_run_pinned_with_startup_objects_frozen(tmp_path, off):
+    """Ranks that outnumber the cores run on one core each; what they imported is frozen
+    (each saving of ``harness.rank.cuts`` can be turned off)."""
+    (tmp_path / "cases").mkdir()
+    (tmp_path / "cases" / "sees.py").write_text(_SEES)
+    two = sorted(os.sched_getaffinity(0))[:2]
+    env = {**os.environ, "FSDP_COMPAT_CUTS_OFF": off, "SEES_CORES": "2" if off else "1",
+           "SEES_FROZEN": "0" if off else "1"}
+    cmd = ["taskset", "-c", ",".join(map(str, two)), sys.executable, "-m", "harness", "run", "--scenarios-dir",
+           str(tmp_path / "cases"), "--scenario", "sees", "--variant", "vanilla", "--out", str(tmp_path / "r.jsonl")]
+    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    records = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
+    assert [(r["scenario"], r["status"]) for r in records] == [("sees", "pass")], records[0].get("exc_msg")
+    assert out.returncode == 0, out.stderr[-2000:]

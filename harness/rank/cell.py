@@ -29,7 +29,7 @@ from harness.plan.cells import Cell
 from harness.plan.placement import runs_forked
 from harness.protocol import CellKeys, LaunchPlan, install_phase, mark_started, read_phase
 from harness.rank import peers
-from harness.rank.groups import CellGroups, keep_group
+from harness.rank.groups import CellGroups, ProbeCache, keep_group
 from harness.rank.judging import ReferenceCache
 from harness.rank.judging import dump as _dump
 from harness.rank.judging import judge as _judge
@@ -75,6 +75,8 @@ class CellRun:
     references: ReferenceCache = field(default_factory=ReferenceCache)
     #: the default group, kept between the slot's healthy cells (``harness.rank.groups``)
     groups: CellGroups = field(default_factory=CellGroups)
+    #: the gloo AVG probe's answers, kept between the slot's healthy cells (``harness.rank.groups``)
+    probes: ProbeCache = field(default_factory=ProbeCache)
 
     def run_cell(self, cell: Cell, *, slot_rank0: int, rank: int) -> bool:
         """Run ``cell`` as rank ``rank`` of its slot; False when the launch must end.
@@ -134,6 +136,8 @@ class CellRun:
         with CLOCK.timed("group teardown"):
             keep = recorded and self.store.check([keys.keep_group]) and self.store.get(keys.keep_group) == b"1"
             self.groups.settle(keep=keep)
+            self.probes.settle(healthy=recorded and self.store.check([keys.healthy])
+                               and self.store.get(keys.healthy) == b"1")
 
     def wait_recorded(self, cell: Cell, *, t0: float) -> bool:
         """A rank other than the judge: wait (bounded) until the judge has written the cell's record."""
@@ -163,6 +167,7 @@ class CellRun:
                                 left_state=list(dict.fromkeys(left)), phases=CLOCK.since(self.mark), **fields)
         record.append(self.plan.out_path, record.finish(rec, t0))
         self.store.set(keys.keep_group, "1" if keep_group(outcomes, missing) else "0")
+        self.store.set(keys.healthy, "1" if not missing and all(o.ok for o in outcomes) else "0")
         self.store.set(keys.recorded, "1")
         return missing
 
@@ -222,7 +227,9 @@ class CellRun:
         scenario = self._scenario(cell)
         with self.watchdog.user_code("init group"):
             self.groups.open(cell, slot_rank0=slot_rank0, rank=rank, store=dist.PrefixStore(keys.group, self.store))
-            return fsdp_run.train(scenario, cell, self.utilities, rank, cell.world_size, stamp=self.watchdog.stamp)
+            probes = self.probes.begin(self.active, world_size=cell.world_size, slot_rank0=slot_rank0)
+            return fsdp_run.train(scenario, cell, self.utilities, rank, cell.world_size, stamp=self.watchdog.stamp,
+                                  probes=probes)
 
     def _scenario(self, cell: Cell) -> Scenario:
         scenario = self.scenarios[cell.scenario]

@@ -19,7 +19,10 @@ CUTS: dict[str, str] = {
     "memory_stamps": "watchdog phase stamps written into a memory-mapped page, no file opened per stamp",
     "group_reuse": "the default process group kept between a slot's consecutive healthy cells",
     "reference_cache": "the single-process reference computed once per (scenario, world size, quirks)",
+    "probe_cache": "the gloo AVG probe measured once per (patch set, slot, shard group, reduce dtype), kept after healthy cells",
     "selective_preload": "a rank preloads only what its own cells need",
+    "pin_ranks": "each rank pinned to one core where a launch has more ranks than the machine has cores",
+    "gc_freeze": "what a rank imported before its first cell moved out of the garbage collector's view (gc.freeze)",
 }
 
 

@@ -18,14 +18,14 @@ torch.distributed's module state back as it was) and the end of a stage release 
 from __future__ import annotations
 
 import datetime
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch.distributed as dist
 
 from harness.plan.cells import Cell
 from harness.rank import cuts
 
-__all__ = ["CellGroups", "keep_group", "release"]
+__all__ = ["CellGroups", "ProbeCache", "keep_group", "release"]
 
 
 @dataclass(kw_only=True)
@@ -78,6 +78,44 @@ class CellGroups:
     def release(self, *, failed: bool = False) -> None:
         self.kept = None
         release(failed=failed)
+
+
+@dataclass(kw_only=True)
+class ProbeCache:
+    """The gloo AVG probe's answers (``harness.train.fsdp.reduction_sums``), kept between cells.
+
+    The answer depends on torch, the patch set in force, the backend, the shard group and the
+    reduce dtype, not on which process group instance measured it, so it outlives groups. A
+    rank that finds an answer skips the probe's collectives, so every rank of a slot must find
+    the same: answers measured in a cell wait in ``pending`` until the judge says every rank of
+    the cell trained without failing (``CellKeys.healthy``), and are dropped otherwise. Keys
+    carry the slot (world size, first global rank), so ranks share answers only with the
+    ranks they measured them with."""
+
+    kept: dict[tuple, bool] = field(default_factory=dict)
+    pending: dict[tuple, bool] = field(default_factory=dict)
+    #: the patch set and slot of the cell now running (``begin``)
+    scope: tuple = ()
+    hits: int = 0
+
+    def begin(self, patches: tuple[str, ...], *, world_size: int, slot_rank0: int) -> ProbeCache | None:
+        """Scope lookups to the cell about to train; None where the cut is off."""
+        self.pending.clear()
+        self.scope = (patches, world_size, slot_rank0)
+        return self if cuts.enabled("probe_cache") else None
+
+    def get(self, key: tuple) -> bool | None:
+        found = self.kept.get((*self.scope, *key))
+        self.hits += found is not None
+        return found
+
+    def put(self, key: tuple, sums: bool) -> None:
+        self.pending[(*self.scope, *key)] = sums
+
+    def settle(self, *, healthy: bool) -> None:
+        if healthy:
+            self.kept.update(self.pending)
+        self.pending.clear()
 
 
 def release(*, failed: bool) -> None:

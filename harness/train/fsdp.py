@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -32,15 +32,26 @@ from harness.train.meta_init import init_on
 from harness.train.norm_group import rehome
 from harness.train.step import StepTensors
 
-__all__ = ["FsdpSide", "build_model", "train"]
+__all__ = ["FsdpSide", "Probes", "build_model", "train"]
+
+
+class Probes(Protocol):
+    """Answers of the reduction probe measured before (``harness.rank.groups.ProbeCache``)."""
+
+    def get(self, key: tuple) -> bool | None: ...
+
+    def put(self, key: tuple, sums: bool) -> None: ...
 
 
 def train(scenario: Scenario, cell: Cell, utilities: dict[str, Any], rank: int, world: int,
-          stamp: Callable[[str], object] = lambda phase: None) -> list[StepTensors]:
+          stamp: Callable[[str], object] = lambda phase: None,
+          probes: Probes | None = None) -> list[StepTensors]:
     """Build, shard and train ``scenario`` on this rank; snapshots of every step.
 
     ``stamp(phase)`` is told where the rank is ("build model", "step 0 micro-batch 1
-    backward", ...), so a hang can be blamed on the rank that did not arrive."""
+    backward", ...), so a hang can be blamed on the rank that did not arrive. ``probes``:
+    the reduction probe's earlier answers with this patch set, by (backend, shard group,
+    dtype); every rank of the group must hold the same, or some would skip its collectives."""
     device = _rank_device(cell.device)
     stamp("build model")
     mesh = init_device_mesh(cell.device, tuple(cell.mesh), mesh_dim_names=scenario.sharding.mesh_dim_names(world))
@@ -49,8 +60,15 @@ def train(scenario: Scenario, cell: Cell, utilities: dict[str, Any], rank: int, 
     model = build_model(scenario, mesh, cell.device, api=api)
     sums = None
     if scenario.reference_quirks and "gloo" in cell.backend and "nccl" not in cell.backend:
-        stamp("measure the reduction")
-        sums = reduction_sums(_shard_mesh(mesh), device, _reduce_dtype(scenario, model))
+        shard = _shard_mesh(mesh)
+        dtype = _reduce_dtype(scenario, model)
+        key = (cell.backend, cell.device, tuple(shard.mesh.flatten().tolist()), str(dtype))
+        sums = probes.get(key) if probes is not None else None
+        if sums is None:
+            stamp("measure the reduction")
+            sums = reduction_sums(shard, device, dtype)
+            if probes is not None:
+                probes.put(key, sums)
     side = FsdpSide(scenario, cell, model, mesh, device, utilities, rank=rank, world=world, stamp=stamp)
     measure = side.measure if rank == 0 and held.enabled(scenario.resource_check) else None  # rank 0's record
     with collectives.recording() as side.ledger:  # the scenario's collectives only (``harness.train.ledger``)

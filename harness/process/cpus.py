@@ -1,0 +1,43 @@
+"""Which core a rank runs on when a launch has more ranks than the machine has cores.
+
+Left to the scheduler, four ranks on two cores keep moving between them: every collective
+waits for a rank to be woken on another core, and a small gloo all-reduce among them took
+5.9 ms (2.0 ms of CPU per rank) where pinning each rank to one core made it 2.8 ms (0.9 ms).
+Ranks are spread so that the first rank of every slot (``harness.plan.placement``), which
+judges its cells, lands on a different core from the next slot's: with two cores, ranks
+0, 1, 2, 3 go to cores 0, 1, 1, 0. With no more ranks than cores nothing is pinned.
+"""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["pin_rank", "rank_core"]
+
+
+def rank_core(local_rank: int, local_world: int, cores: list[int]) -> int | None:
+    """The core for ``local_rank`` of ``local_world`` ranks on ``cores``; None: not pinned."""
+    n = len(cores)
+    if n == 0 or local_world <= n:
+        return None
+    return cores[(local_rank + local_rank // n) % n]
+
+
+def pin_rank(local_rank: int, local_world: int) -> int | None:
+    """Pin every thread of this process (and what it starts later) to the rank's core; the
+    core, or None where nothing was pinned (enough cores, or no affinity control here)."""
+    if not hasattr(os, "sched_setaffinity"):
+        return None
+    core = rank_core(local_rank, local_world, sorted(os.sched_getaffinity(0)))
+    if core is None:
+        return None
+    try:
+        threads = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        threads = [0]
+    for tid in threads:
+        try:
+            os.sched_setaffinity(tid, {core})
+        except OSError:  # a thread that ended meanwhile
+            pass
+    return core
