@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from harness.envs.install import torch_install_args  # noqa: E402
 from harness.envs.matrix import load_matrix  # noqa: E402
-from harness.envs.session import matrix_file, records_folder, run_cell  # noqa: E402
+from harness.envs.session import bytecode_env, matrix_file, records_folder, run_cell  # noqa: E402
 
 nox.options.reuse_existing_virtualenvs = True
 
@@ -123,8 +123,9 @@ def repro(session: nox.Session) -> None:
     parser.add_argument("--device", default="cpu")
     known, rest = parser.parse_known_args(session.posargs)
     python = _torch_env(session, known.torch, known.device)
-    session.run(python, "-m", "harness", "repro", *rest, "--device", known.device, env={"PYTHONPATH": str(ROOT)},
-                external=True)
+    own = Path(python).parent.parent / ".fsdp-compat"  # the matrix venv's bytecode, shared
+    session.run(python, "-m", "harness", "repro", *rest, "--device", known.device,
+                env={"PYTHONPATH": str(ROOT), **bytecode_env(own)}, external=True)
 
 
 #: world-size-1 cells where the GPU matters: bf16 compute on cuda (B, C) and grads

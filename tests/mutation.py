@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -23,6 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from harness.envs.session import bytecode_env  # noqa: E402
+
 PATCHES = ROOT / "fsdp_patches"
 DEFAULT_TORCH = "2.13.0"
 
@@ -206,8 +211,10 @@ def run(mutant: Mutant, python: str, folder: Path, timeout_s: float, keep: Path 
            "deployed", "--out", str(out), "--quiet", "--timeout", "30"]
     for s in mutant.scenarios:
         cmd += ["--scenario", s]
+    own = Path(python).parent.parent / ".fsdp-compat"  # a matrix venv: its bytecode folder
+    env = {**os.environ, **bytecode_env(own)} if own.is_dir() else None
     t0 = time.time()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s, env=env)
     records = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
     if keep is not None and out.exists():
         keep.mkdir(parents=True, exist_ok=True)

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from harness.envs.matrix import load_matrix
-from harness.envs.session import compile_bytecode, run_cell
+from harness.envs.session import bytecode_env, run_cell, write_bytecode
 from tests.support import ROOT
 
 TORCH = str(torch.__version__).split("+")[0]
@@ -127,7 +127,8 @@ def test_the_matrix_session_installs_the_stack_and_runs_its_scenarios(tmp_path, 
     (cmd, env), = session.runs
     assert cmd[:4] == ["python", "-m", "harness", "run"]
     assert cmd[cmd.index("--scenarios-dir") + 1] == str(tmp_path / "acme" / "cases")
-    assert cmd[cmd.index("--patches") + 1] == "acme_marker.fsdp_patches" and env == {"PYTHONPATH": str(ROOT)}
+    assert cmd[cmd.index("--patches") + 1] == "acme_marker.fsdp_patches"
+    assert env == {"PYTHONPATH": str(ROOT), **bytecode_env(venv / ".fsdp-compat")}
     assert session.result.returncode == 0, session.result.stdout[-3000:] + session.result.stderr[-3000:]
     records = [json.loads(line) for line in (runs / "cpu" / f"torch-{TORCH}.jsonl").read_text().splitlines()]
     assert {(r["scenario"], r["variant"], r["status"]) for r in records} == {
@@ -177,21 +178,54 @@ def test_the_committed_matrix_runs_as_before(tmp_path, monkeypatch):
                                 ["transformers==5.24.0"]]
     assert session.runs == [(["python", "-m", "harness", "run", "--device", "cpu", "--out", str(out), "--patches",
                               "fsdp_patches", "--timeout", "60.0", "--expect-torch", "2.12.1", "--world-size", "1",
-                              "--world-size", "2", "--world-size", "4"], {"PYTHONPATH": str(ROOT)})]
+                              "--world-size", "2", "--world-size", "4"],
+                             {"PYTHONPATH": str(ROOT), **bytecode_env(tmp_path / "venv" / ".fsdp-compat")})]
 
 
-def test_the_venvs_packages_are_compiled_once_per_set_of_installs(tmp_path):
-    """uv installs without bytecode; the session compiles the venv's site-packages once and
-    notes for which installs, so a rerun with the same installs does not walk them again."""
-    venv = tmp_path / "venv"
-    subprocess.run(["uv", "venv", "-q", "-p", sys.executable, str(venv)], check=True, timeout=60)
-    purelib = Path(subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                                  check=True, capture_output=True, text=True).stdout.strip())
-    (purelib / "acme_mod.py").write_text("VALUE = 1\n")
-    (purelib / "broken_py2.py").write_text("print 'python 2'\n")  # a package's file that does not compile: not fatal
-    session, folder = Session(venv), venv / ".fsdp-compat"
-    assert compile_bytecode(session, folder, "torch==2.13.0")
-    assert list((purelib / "__pycache__").glob("acme_mod.*.pyc"))
-    assert (folder / "bytecode-compiled").read_text() == "torch==2.13.0"
-    assert not compile_bytecode(session, folder, "torch==2.13.0") and len(session.install_runs) == 1
-    assert compile_bytecode(session, folder, "torch==2.13.0 transformers==4.57.1") and len(session.install_runs) == 2
+def test_bytecode_is_written_once_per_set_of_installs_by_one_process(tmp_path):
+    """uv installs without bytecode; the session imports what a launch imports once, in one
+    process, and notes for which installs, so a rerun with the same installs does not again."""
+    folder = tmp_path / "venv" / ".fsdp-compat"
+    session = Recorder(folder.parent)
+    calls = []
+    session.run_install = lambda *args, **kw: calls.append((args, kw))
+    assert write_bytecode(session, folder, "torch==2.13.0", root=ROOT, scenario_dirs=["cases"])
+    (args, kw), = calls
+    assert args == ("python", "-m", "harness.envs.warm", "cases")
+    assert kw["env"] == {"PYTHONPATH": str(ROOT), **bytecode_env(folder)}
+    assert (folder / "bytecode-written").read_text() == "torch==2.13.0"
+    assert not write_bytecode(session, folder, "torch==2.13.0", root=ROOT) and len(calls) == 1
+    assert write_bytecode(session, folder, "torch==2.13.0 transformers==4.57.1", root=ROOT) and len(calls) == 2
+
+
+def test_the_bytecode_goes_to_the_venvs_folder_even_where_writing_it_is_off(tmp_path):
+    """Under ``bytecode_env`` a process writes its modules' bytecode into the venv's folder
+    (not next to the sources: the checkout stays clean), although the caller set
+    PYTHONDONTWRITEBYTECODE; the next process reads it instead of compiling."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "acme_mod.py").write_text("VALUE = 1\n")
+    folder = tmp_path / "venv" / ".fsdp-compat"
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": str(src), **bytecode_env(folder)}
+    code = "import acme_mod, sys; print(acme_mod.__cached__, sys.dont_write_bytecode)"
+    first = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    cached, dont_write = first.stdout.split()
+    assert dont_write == "False" and Path(cached).is_file() and Path(cached).is_relative_to(folder)
+    assert not (src / "__pycache__").exists()
+    off = subprocess.run([sys.executable, "-c", code], env={**env, "PYTHONDONTWRITEBYTECODE": "1"},
+                         capture_output=True, text=True, check=True)
+    assert off.stdout.split()[1] == "True"  # the check can fail: the variable does switch writing off
+
+
+@pytest.mark.slow
+def test_the_warm_up_imports_what_a_launch_imports(tmp_path):
+    """``harness.envs.warm`` in one process: torch's distributed stack, dynamo, the harness's
+    per-rank modules and every scenario's requirements end up with bytecode in the folder."""
+    folder = tmp_path / ".fsdp-compat"
+    out = subprocess.run([sys.executable, "-m", "harness.envs.warm"], cwd=ROOT, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT), **bytecode_env(folder)}, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.startswith("warm: ") and " modules imported in " in out.stdout
+    written = {p.name for p in (folder / "pycache").rglob("*.pyc")}
+    for module in ("worker", "_fully_shard", "eval_frame", "modeling_llama"):
+        assert any(name.startswith(module + ".") for name in written), module

@@ -21,8 +21,8 @@ from harness.envs.install import torch_install_args
 from harness.envs.matrix import Matrix
 from harness.results.machine import TORCH_SOURCE_ENV
 
-__all__ = ["MATRIX_ENV", "compile_bytecode", "gpu_visible", "matrix_file", "records_folder", "run_cell", "session_args",
-           "without_config"]
+__all__ = ["MATRIX_ENV", "bytecode_env", "gpu_visible", "matrix_file", "prefetch_next", "records_folder", "run_cell",
+           "session_args", "without_config", "write_bytecode"]
 
 MATRIX_ENV = "FSDP_COMPAT_MATRIX"
 DEFAULT_MATRIX = "matrix.yaml"
@@ -84,25 +84,56 @@ def gpu_visible() -> bool:
     return bool(smi) and subprocess.run([smi, "-L"], capture_output=True).returncode == 0
 
 
-#: compiles the venv's packages (errors, e.g. a package's Python 2 test files, are not fatal)
-_COMPILE = ("import compileall, sysconfig; "
-            "compileall.compile_dir(sysconfig.get_paths()['purelib'], quiet=2, workers=0)")
+#: where a matrix venv keeps the bytecode of everything its processes import (the project's
+#: own modules included, so the checkout gets no __pycache__ folders)
+BYTECODE_FOLDER = "pycache"
 
 
-def compile_bytecode(session: Any, folder: Path, key: str) -> bool:
-    """Compile the venv's site-packages to bytecode once per set of installs ``key`` (a
-    mark in ``folder``); whether it compiled. uv installs without bytecode, so otherwise
-    every process of a cell compiles torch's Python sources as it imports them: each time
-    where ``PYTHONDONTWRITEBYTECODE`` is set, else racing on first use. Measured on the
-    torch 2.13 venv: ``import torch, torch.distributed.fsdp`` 7.3 s before, 2.3 s after;
-    compiling took 18 s once (2 cores)."""
-    mark = folder / "bytecode-compiled"
+def bytecode_env(folder: Path) -> dict[str, str]:
+    """The environment under which a matrix venv's processes read and write bytecode in the
+    venv's own folder, even where the caller's environment forbids writing bytecode
+    (``PYTHONDONTWRITEBYTECODE``: empty means unset). uv installs no bytecode; without it
+    every rank process compiled torch's sources as it imported them, each time
+    (``import torch, torch.distributed.fsdp``: 7.3 s, then 2.3 s)."""
+    return {"PYTHONPYCACHEPREFIX": str(folder / BYTECODE_FOLDER), "PYTHONDONTWRITEBYTECODE": ""}
+
+
+def write_bytecode(session: Any, folder: Path, key: str, *, root: Path, scenario_dirs: Sequence[str] = ()) -> bool:
+    """Write the bytecode of what a launch imports (``harness.envs.warm``, one process) once
+    per set of installs ``key`` (a mark in ``folder``); whether it ran. Modules imported
+    later than that (a cell's lazy imports) are compiled by the first process to import them."""
+    mark = folder / "bytecode-written"
     if mark.exists() and mark.read_text() == key:
         return False
-    getattr(session, "run_install", session.run)("python", "-c", _COMPILE, silent=True)
+    getattr(session, "run_install", session.run)("python", "-m", "harness.envs.warm", *scenario_dirs, silent=True,
+                                                 env={"PYTHONPATH": str(root), **bytecode_env(folder)})
     folder.mkdir(parents=True, exist_ok=True)
     mark.write_text(key)
     return True
+
+
+def prefetch_next(session: Any, matrix: Matrix, *, after: tuple[str, str]) -> Any:
+    """Start fetching the installs of the matrix session nox runs next (``harness.envs.prefetch``)
+    while this one runs its cells; the fetch's process, or None (none queued, no uv)."""
+    from harness.envs import prefetch
+
+    queued = [c for c in prefetch.queued_cells(session) if c != after]
+    if not queued:
+        return None
+    torch, device = queued[0]
+    if device == "cuda" and not gpu_visible():  # it will be skipped
+        return None
+    source = matrix.source(torch, device)
+
+    def args(folder: Path) -> list[str]:
+        line = torch_install_args(torch, device, folder, source)
+        transformers = matrix.transformers_for(torch)
+        line += [f"transformers=={transformers}"] if transformers else []
+        return line + list(matrix.install_for(torch) or [])
+
+    envdir = Path(session.virtualenv.location).parent
+    python = str(Path(session.virtualenv.location) / "bin" / "python")
+    return prefetch.start(envdir, f"{torch}-{device}", python, args)
 
 
 def run_cell(session: Any, matrix: Matrix, torch: str, device: str, *, root: Path, runs: Path) -> None:
@@ -140,12 +171,14 @@ def run_cell(session: Any, matrix: Matrix, torch: str, device: str, *, root: Pat
         except CommandFailed:
             session.error(f"the matrix's 'install' entries cannot be installed beside torch {torch} "
                           f"(uv's reason is above)")
-    compile_bytecode(session, own, " ".join([*torch_args, f"transformers=={transformers}", *(extra or [])]))
+    prefetch_next(session, matrix, after=(torch, device))
+    write_bytecode(session, own, " ".join([*torch_args, f"transformers=={transformers}", *(extra or [])]), root=root,
+                   scenario_dirs=matrix.scenarios_dirs)
     out = runs / device / f"torch-{torch}.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
     for old in [out, *out.parent.glob(f"torch-{torch}-*.jsonl")]:
         old.unlink(missing_ok=True)  # a rerun replaces this cell's records (pytest-xdist writes one file per worker)
-    env = {"PYTHONPATH": str(root)}
+    env = {"PYTHONPATH": str(root), **bytecode_env(own)}
     if source is not None:
         env[TORCH_SOURCE_ENV] = source.label  # stamped on every record; the report names it
     if runner == "pytest":
