@@ -173,8 +173,9 @@ def shuffle(session: nox.Session) -> None:
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    """One torchrun per cell vs many cells per torchrun, side by side; and the CPU suite wall."""
-    _install_project(session)
+    """One torchrun per cell vs many cells per torchrun, side by side; and the CPU suite wall
+    (the hf_ pack included, so transformers too)."""
+    _install_project(session, "hf")
     session.run("python", "bench/launch_bench.py", *session.posargs)
 
 

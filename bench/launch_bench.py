@@ -67,7 +67,8 @@ def _timed_suite(folder: Path, name: str, scenarios: list[str], per: str) -> tup
 
 def _summary(records: list[Record]) -> str:
     bad = sum(1 for r in records if not r.as_expected)
-    return f"{len(records)} cells, {bad} not as expected"
+    skipped = sum(1 for r in records if r.status == "skip")
+    return f"{len(records)} cells, {bad} not as expected, {skipped} skipped"
 
 
 def part_ab(folder: Path, repeat: int) -> None:
@@ -219,6 +220,14 @@ def part_f(folder: Path) -> None:
     print(f"    extra wall for the hang     : {hung - base:7.1f} s")
 
 
+def _have_transformers() -> bool:
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parts", default="ab,cd,e,f", help="comma-separated: ab, cd, e, f")
@@ -253,6 +262,9 @@ def main() -> int:
         trees[str(other)] = (Path(other).resolve(), {})
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
+    if "e" in parts and not args.scenario and not _have_transformers():
+        parser.error("(e) is the suite with the HF pack, and transformers is not importable here "
+                     "(pip install -e '.[hf]'), so its hf_ cells would only be skipped; or pass --scenario")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)

@@ -29,6 +29,15 @@ def test_unknown_parts_are_one_line_and_exit_2():
     assert out.returncode == 2 and "unknown part(s): zz" in out.stderr
 
 
+def test_the_suite_with_the_hf_pack_refuses_to_run_where_transformers_is_missing():
+    # transformers made unimportable: the hf_ cells would all be skipped, and (e) would time a smaller suite
+    code = ("import runpy, sys; sys.modules['transformers'] = None; sys.argv = ['launch_bench.py', '--parts', 'e']; "
+            "runpy.run_path('bench/launch_bench.py', run_name='__main__')")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "transformers is not importable here" in out.stderr
+    assert "suite with the HF pack" not in out.stdout  # refused before any suite ran
+
+
 def test_the_suite_part_prints_the_bare_start_ratio_and_a_breakdown_that_adds_up():
     out = subprocess.run([sys.executable, "bench/launch_bench.py", "--parts", "e", "--scenario", "plain",
                           "--each-cut"], cwd=ROOT, capture_output=True, text=True, timeout=900)
