@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from harness.envs.install import torch_install_args  # noqa: E402
 from harness.envs.matrix import load_matrix  # noqa: E402
-from harness.envs.session import bytecode_env, matrix_file, records_folder, run_cell  # noqa: E402
+from harness.envs.session import bytecode_env, harness_folder, matrix_file, records_folder, run_cell  # noqa: E402
 
 nox.options.reuse_existing_virtualenvs = True
 
@@ -109,7 +109,7 @@ def _torch_env(session: nox.Session, torch: str, device: str) -> str:
         session.run("uv", "venv", "-q", "-p", "3.11", str(venv), external=True)
     source = next((d.sources.get(torch) for d in MATRIX.devices if d.device == device), None)  # the pre-release lane
     session.run("uv", "pip", "install", "-q", "-p", str(python),
-                *torch_install_args(torch, device, venv / ".fsdp-compat", source), external=True)
+                *torch_install_args(torch, device, harness_folder(venv), source), external=True)
     return str(python)
 
 
@@ -123,7 +123,7 @@ def repro(session: nox.Session) -> None:
     parser.add_argument("--device", default="cpu")
     known, rest = parser.parse_known_args(session.posargs)
     python = _torch_env(session, known.torch, known.device)
-    own = Path(python).parent.parent / ".fsdp-compat"  # the matrix venv's bytecode, shared
+    own = harness_folder(Path(python).parent.parent)  # the matrix venv's bytecode, shared
     session.run(python, "-m", "harness", "repro", *rest, "--device", known.device,
                 env={"PYTHONPATH": str(ROOT), **bytecode_env(own)}, external=True)
 

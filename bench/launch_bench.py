@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib.util
 import os
 import resource
 import statistics
@@ -220,14 +221,6 @@ def part_f(folder: Path) -> None:
     print(f"    extra wall for the hang     : {hung - base:7.1f} s")
 
 
-def _have_transformers() -> bool:
-    try:
-        import transformers  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parts", default="ab,cd,e,f", help="comma-separated: ab, cd, e, f")
@@ -262,7 +255,7 @@ def main() -> int:
         trees[str(other)] = (Path(other).resolve(), {})
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
-    if "e" in parts and not args.scenario and not _have_transformers():
+    if "e" in parts and not args.scenario and importlib.util.find_spec("transformers") is None:
         parser.error("(e) is the suite with the HF pack, and transformers is not importable here "
                      "(pip install -e '.[hf]'), so its hf_ cells would only be skipped; or pass --scenario")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")

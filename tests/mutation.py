@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from harness.envs.session import bytecode_env  # noqa: E402
+from harness.envs.session import bytecode_env, harness_folder  # noqa: E402
 
 PATCHES = ROOT / "fsdp_patches"
 DEFAULT_TORCH = "2.13.0"
@@ -211,7 +211,7 @@ def run(mutant: Mutant, python: str, folder: Path, timeout_s: float, keep: Path 
            "deployed", "--out", str(out), "--quiet", "--timeout", "30"]
     for s in mutant.scenarios:
         cmd += ["--scenario", s]
-    own = Path(python).parent.parent / ".fsdp-compat"  # a matrix venv: its bytecode folder
+    own = harness_folder(Path(python).parent.parent)  # where python is a matrix venv's: its bytecode
     env = {**os.environ, **bytecode_env(own)} if own.is_dir() else None
     t0 = time.time()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s, env=env)

@@ -21,8 +21,8 @@ from harness.envs.install import torch_install_args
 from harness.envs.matrix import Matrix
 from harness.results.machine import TORCH_SOURCE_ENV
 
-__all__ = ["MATRIX_ENV", "bytecode_env", "gpu_visible", "matrix_file", "prefetch_next", "records_folder", "run_cell",
-           "session_args", "without_config", "write_bytecode"]
+__all__ = ["MATRIX_ENV", "bytecode_env", "gpu_visible", "harness_folder", "matrix_file", "prefetch_next",
+           "records_folder", "run_cell", "session_args", "without_config", "write_bytecode"]
 
 MATRIX_ENV = "FSDP_COMPAT_MATRIX"
 DEFAULT_MATRIX = "matrix.yaml"
@@ -84,6 +84,20 @@ def gpu_visible() -> bool:
     return bool(smi) and subprocess.run([smi, "-L"], capture_output=True).returncode == 0
 
 
+def harness_folder(venv: Path) -> Path:
+    """The harness's own files in a matrix venv: torch's install files (an overrides file),
+    the bytecode and its mark."""
+    return venv / ".fsdp-compat"
+
+
+def _installs(matrix: Matrix, torch: str, device: str, folder: Path) -> tuple[list[str], list[str], list[str]]:
+    """What a matrix session installs for (``torch``, ``device``): torch's arguments (their
+    files in ``folder``), the hf_ pack's transformers, the matrix's ``install`` entries."""
+    transformers = matrix.transformers_for(torch)
+    return (torch_install_args(torch, device, folder, matrix.source(torch, device)),
+            [f"transformers=={transformers}"] if transformers else [], list(matrix.install_for(torch) or []))
+
+
 #: where a matrix venv keeps the bytecode of everything its processes import (the project's
 #: own modules included, so the checkout gets no __pycache__ folders)
 BYTECODE_FOLDER = "pycache"
@@ -123,13 +137,9 @@ def prefetch_next(session: Any, matrix: Matrix, *, after: tuple[str, str]) -> An
     torch, device = queued[0]
     if device == "cuda" and not gpu_visible():  # it will be skipped
         return None
-    source = matrix.source(torch, device)
 
     def args(folder: Path) -> list[str]:
-        line = torch_install_args(torch, device, folder, source)
-        transformers = matrix.transformers_for(torch)
-        line += [f"transformers=={transformers}"] if transformers else []
-        return line + list(matrix.install_for(torch) or [])
+        return [arg for part in _installs(matrix, torch, device, folder) for arg in part]
 
     envdir = Path(session.virtualenv.location).parent
     python = str(Path(session.virtualenv.location) / "bin" / "python")
@@ -154,17 +164,15 @@ def run_cell(session: Any, matrix: Matrix, torch: str, device: str, *, root: Pat
     if device == "cuda" and not gpu_visible():
         session.skip("no GPU visible on this machine (nvidia-smi finds none)")
     source = matrix.source(torch, device)
-    own = Path(session.virtualenv.location) / ".fsdp-compat"  # the harness's files in the venv
-    torch_args = torch_install_args(torch, device, own, source)
+    own = harness_folder(Path(session.virtualenv.location))
+    torch_args, hf, extra = _installs(matrix, torch, device, own)
     try:
         session.install(*torch_args)
     except CommandFailed:
         origin = f" from {source.label}" if source else ""
         session.error(f"torch {torch} cannot be installed for {device}{origin} (uv's reason is above)")
-    transformers = matrix.transformers_for(torch)
-    if transformers:  # the hf_ scenario pack; without it those cells are skipped with the reason
-        session.install(f"transformers=={transformers}")
-    extra = matrix.install_for(torch)
+    if hf:  # the hf_ scenario pack; without it those cells are skipped with the reason
+        session.install(*hf)
     if extra:  # resolved with torch's own arguments again, so torch and its libraries stay as they are
         try:
             session.install(*torch_args, *extra)
@@ -172,8 +180,7 @@ def run_cell(session: Any, matrix: Matrix, torch: str, device: str, *, root: Pat
             session.error(f"the matrix's 'install' entries cannot be installed beside torch {torch} "
                           f"(uv's reason is above)")
     prefetch_next(session, matrix, after=(torch, device))
-    write_bytecode(session, own, " ".join([*torch_args, f"transformers=={transformers}", *(extra or [])]), root=root,
-                   scenario_dirs=matrix.scenarios_dirs)
+    write_bytecode(session, own, " ".join([*torch_args, *hf, *extra]), root=root, scenario_dirs=matrix.scenarios_dirs)
     out = runs / device / f"torch-{torch}.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
     for old in [out, *out.parent.glob(f"torch-{torch}-*.jsonl")]:

@@ -24,20 +24,15 @@ __all__ = ["main", "warm"]
 def warm(scenario_dirs: list[str]) -> tuple[int, list[str]]:
     """Import what the launch's processes import; (modules now loaded, requirements that failed)."""
     import harness.cli  # noqa: F401 (the launcher's process)
-    import harness.rank.worker  # noqa: F401 (torch, torch.distributed, the per-rank modules)
+    from harness.rank.worker import import_requirements  # torch, torch.distributed, the per-rank modules
     from harness.scenario.load import load_scenarios
     from harness.undertest.undo import preload
 
     preload()
     importlib.import_module("torch._dynamo")
-    failed = []
-    for scenario in load_scenarios(scenario_dirs).scenarios.values():
-        for name in scenario.requires:
-            try:
-                importlib.import_module(name)
-            except Exception:  # a package the venv lacks: its cells are skipped with the reason
-                failed.append(name)
-    return len(sys.modules), sorted(set(failed))
+    scenarios = load_scenarios(scenario_dirs).scenarios.values()
+    failed = import_requirements(name for scenario in scenarios for name in scenario.requires)
+    return len(sys.modules), sorted(failed)
 
 
 def main(argv: list[str] | None = None) -> int:

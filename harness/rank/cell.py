@@ -132,12 +132,15 @@ class CellRun:
         return not missing
 
     def _settle_groups(self, keys: CellKeys, recorded: bool) -> None:
-        """Keep the default group for the slot's next cell only where the judge said so."""
+        """Keep the default group, and the probe answers the cell measured, for the slot's next
+        cell only where the judge said so."""
+
+        def judge_said(key: str) -> bool:
+            return recorded and self.store.check([key]) and self.store.get(key) == b"1"
+
         with CLOCK.timed("group teardown"):
-            keep = recorded and self.store.check([keys.keep_group]) and self.store.get(keys.keep_group) == b"1"
-            self.groups.settle(keep=keep)
-            self.probes.settle(healthy=recorded and self.store.check([keys.healthy])
-                               and self.store.get(keys.healthy) == b"1")
+            self.groups.settle(keep=judge_said(keys.keep_group))
+            self.probes.settle(healthy=judge_said(keys.healthy))
 
     def wait_recorded(self, cell: Cell, *, t0: float) -> bool:
         """A rank other than the judge: wait (bounded) until the judge has written the cell's record."""

@@ -25,6 +25,7 @@ import gc
 import importlib
 import os
 import sys
+from collections.abc import Iterable
 
 import torch
 
@@ -41,7 +42,7 @@ from harness.rank.watchdog import Watchdog, note_exits
 from harness.scenario.load import load_scenarios
 from harness.undertest.undo import preload
 
-__all__ = ["main"]
+__all__ = ["import_requirements", "main"]
 
 EXIT_POISONED = 3
 #: the harness's own exits (``os._exit`` itself is wrapped by ``note_exits``)
@@ -113,12 +114,19 @@ def _preload(cells: list[Cell]) -> None:
 
 def _import_requirements(cells: list[Cell], scenarios: dict) -> None:
     """The modules this rank's scenarios need (``Scenario.requires``), imported once here."""
-    names = dict.fromkeys(m for c in cells if c.scenario in scenarios for m in scenarios[c.scenario].requires)
-    for name in names:
+    import_requirements(m for c in cells if c.scenario in scenarios for m in scenarios[c.scenario].requires)
+
+
+def import_requirements(names: Iterable[str]) -> list[str]:
+    """Import each of ``names`` once; those that failed (a missing package: its cells are
+    skipped with the reason)."""
+    failed = []
+    for name in dict.fromkeys(names):
         try:
             importlib.import_module(name)
-        except Exception:  # a missing package: its cells are skipped with the reason
-            continue
+        except Exception:
+            failed.append(name)
+    return failed
 
 
 def _exit(code: int, plan: LaunchPlan | None = None, rank: int = 0) -> None:
