@@ -21,7 +21,7 @@ from pathlib import Path
 from harness import console
 from harness.results.record import RecordError
 from harness.undertest.locations import caller_folder_importable
-from harness.vocabulary import VARIANTS
+from harness.vocabulary import ISOLATIONS, VARIANTS
 
 __all__ = ["main"]
 
@@ -104,8 +104,10 @@ def _parser() -> argparse.ArgumentParser:
                      help="vanilla, patched (the scenario's patches), deployed (every patch of the module) or api "
                           "(the public API where torch has one); repeatable; default all")
     run.add_argument("--out", default=None, help="records file (JSON lines, appended); default runs/<run id>.jsonl")
-    run.add_argument("--isolate", choices=["snapshot", "process"], default="snapshot",
-                     help="patch sets share a launch and are undone in turn (snapshot), or get launches of their own")
+    run.add_argument("--isolate", choices=ISOLATIONS, default=ISOLATIONS[0],
+                     help="cells share their rank's process and every change to torch is put back after each "
+                          "(snapshot, the default); every CPU cell in a process forked from a pristine copy of its "
+                          "rank (fork: C++ state too, slower); or like snapshot with a launch per patch set (process)")
     run.add_argument("--launch-per", choices=["device", "world-size"], default="device",
                      help="one launch per device, smaller world sizes on slots of its ranks (default), "
                           "or one launch per device and world size")

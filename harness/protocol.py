@@ -76,6 +76,10 @@ class LaunchPlan:
     stages: list[Stage] = field(default_factory=list)
     #: the seed of the shuffled order (``run --shuffle``); None: the planned order
     shuffle: int | None = None
+    #: how cells are kept apart (``harness.plan.placement``): "snapshot" (cells share the worker,
+    #: what each changed put back), "fork" (every CPU cell in a process of its own) or "process"
+    #: (like "snapshot", a launch per patch set)
+    isolate: str = "snapshot"
 
     def cell(self, index: int) -> Cell:
         return next(c for c in self.cells if c.index == index)
@@ -107,10 +111,18 @@ class LaunchPlan:
         """Where a rank notes that code under test ended it (``write_exit``)."""
         return self._file(f"rank{rank}.exit")
 
-    def phases_file(self, rank: int, cell: int | None = None) -> Path:
-        """Where a rank's process (or the process forked for ``cell``) writes its time per
-        phase (``harness.rank.phases``)."""
-        return self._file(f"rank{rank}.phases" if cell is None else f"rank{rank}.cell{cell}.phases")
+    def phases_file(self, rank: int, cell: int | None = None, what: str = "cell") -> Path:
+        """Where a rank's process (or the process forked for ``cell``: ``what`` is "cell" or
+        "reference") writes its time per phase (``harness.rank.phases``)."""
+        return self._file(f"rank{rank}.phases" if cell is None else f"rank{rank}.{what}{cell}.phases")
+
+    def observed_file(self, cell: int) -> Path:
+        """What FSDP2 produced in ``cell`` (its judge's snapshots, ``torch.save``), for the reference process."""
+        return self._file(f"cell{cell}.observed.pt")
+
+    def verdict_file(self, cell: int) -> Path:
+        """The reference process's outcome fields for ``cell`` (JSON)."""
+        return self._file(f"cell{cell}.verdict.json")
 
     def dump(self) -> Path:
         Path(self.folder).mkdir(parents=True, exist_ok=True)

@@ -38,6 +38,7 @@ __all__ = [
     "VERDICTS",
     "FAILING",
     "INSTALL_STATUSES",
+    "ISOLATIONS",
     "STATUSES",
     "VARIANTS",
     "format_statuses",
@@ -56,6 +57,8 @@ Variant = Literal["vanilla", "patched", "deployed", "api"]
 VARIANTS: tuple[str, ...] = get_args(Variant)
 Device = Literal["cpu", "cuda"]
 DEVICES: tuple[str, ...] = get_args(Device)
+#: How cells are kept apart (``harness.plan.placement``), the default first.
+ISOLATIONS: tuple[str, ...] = ("snapshot", "fork", "process")
 #: What a patch's install function may report.
 INSTALL_STATUSES: tuple[str, ...] = ("installed", "already-installed", "not-applicable", "not-provided", "error")
 

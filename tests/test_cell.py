@@ -120,7 +120,7 @@ def test_the_judge_blames_a_peers_error(make_run):
     peers.post(run.store, _keys(2), peers.RankOutcome(rank=0, ok=True))
     peers.post(run.store, _keys(2), peers.RankOutcome(rank=1, ok=False, exc_type="RuntimeError", exc_msg="planted",
                                                       t_fail=time.time()))
-    assert run.judge(_cell(2), t0=time.time(), observed=None, fields={}, slot_rank0=0) == []
+    assert run.judge(_cell(2), t0=time.time(), slot_rank0=0) == []
     [rec] = _records(run)
     assert (rec.status, rec.exc_type, rec.exc_msg, rec.failing_rank, rec.failed_ranks) == \
         ("error", "RuntimeError", "planted", 1, [1])
@@ -134,7 +134,7 @@ def test_a_rank_that_never_reports_abandons_the_launch(make_run):
     peers.post(run.store, _keys(2), peers.RankOutcome(rank=0, ok=False, exc_type="CellTimeout", exc_msg="x",
                                                       phase="step 1 clip", where="recv (c10d.py:1)", in_collective=True))
     t = time.time()
-    missing = run.judge(_cell(2, expected=("hang",)), t0=t - 10, observed=None, fields={}, slot_rank0=2)
+    missing = run.judge(_cell(2, expected=("hang",)), t0=t - 10, slot_rank0=2)
     assert missing == [1] and time.time() - t < 5
     assert run.store.check([_keys(2).abandoned, _keys(2).recorded])
     [rec] = _records(run)

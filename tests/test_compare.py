@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from harness.spec import Scenario, Sharding, accumulate, default_forward
+from harness.spec import Optim, Scenario, Sharding, accumulate, default_forward
 from harness.train.compare import compare_runs
 from harness.train.reference import run_reference
 from scenarios._models import MLP, randn_batch
@@ -28,6 +28,11 @@ def _verdict(observed, reference):
     return result.ok, result
 
 
+def _judged(observed, scenario=BASE, world=2):
+    """``observed`` against the reference one step at a time from it (as the judge runs it)."""
+    return _verdict(observed, run_reference(scenario, world, observed=observed))
+
+
 def test_identical_runs_pass():
     ref = run_reference(BASE, 2)
     ok, result = _verdict(run_reference(BASE, 2), ref)
@@ -35,9 +40,9 @@ def test_identical_runs_pass():
 
 
 def test_catches_missing_micro_batch():
-    ok, result = _verdict(run_reference(BASE.replace(schedule=accumulate(1)), 2), run_reference(BASE, 2))
+    ok, result = _judged(run_reference(BASE.replace(schedule=accumulate(1)), 2))
     assert not ok
-    assert result.worst().kind in ("grad", "param")
+    assert result.worst().kind == "grad"
 
 
 def test_catches_dropped_rank_contribution():
@@ -45,8 +50,9 @@ def test_catches_dropped_rank_contribution():
         loss = default_forward(model, batch, ctx)
         return loss * 0 if ctx.rank == 1 else loss
 
-    ok, result = _verdict(run_reference(BASE.replace(forward=drop_rank1), 2), run_reference(BASE, 2))
+    ok, result = _judged(run_reference(BASE.replace(forward=drop_rank1), 2))
     assert not ok and result.worst().kind == "grad"
+    assert all(d.ok for d in result.diffs if d.kind == "param")  # stepped with what FSDP2 stepped with
 
 
 def test_catches_zero_grad_where_reference_has_none():
@@ -80,6 +86,35 @@ def test_catches_grad_present_on_some_ranks_only():
     assert not ok and "ranks [0] only" in result.worst().note
 
 
+def test_a_relative_error_of_1e_4_is_caught_in_a_small_tensor_too():
+    """A fixed atol of 1e-5 let any error through in tensors below about 1e-2 (clipped grads,
+    biases, 0.02-init weights): each tensor is now judged on its own scale."""
+    ref = run_reference(BASE, 2)
+    observed = copy.deepcopy(ref)
+    g = observed[0].grads["body.layers.0.bias"]
+    observed[0].grads["body.layers.0.bias"] = g * 1e-3
+    ref[0].grads["body.layers.0.bias"] = g * 1e-3  # a tensor of ~1e-4
+    observed[0].grads["body.layers.0.bias"] = observed[0].grads["body.layers.0.bias"] * (1 + 1e-4)
+    ok, result = _verdict(observed, ref)
+    assert not ok and result.worst().label == "step 0 grad body.layers.0.bias"
+
+
+def test_a_wrong_optimizer_step_is_caught_and_a_rounding_difference_is_not_amplified():
+    """The reference steps from FSDP2's params with FSDP2's grads: AdamW's division by each
+    element's RMS cannot turn a rounding-level grad difference into a param difference, and a
+    step twice too large is caught at the step where it happens."""
+    observed = run_reference(BASE, 2)
+    g = observed[0].grads["body.layers.0.weight"]
+    i = int(g.abs().argmin())
+    g.view(-1)[i] += 1e-7 * float(g.abs().max())  # rounding noise where AdamW divides by a tiny RMS
+    ok, result = _judged(observed)
+    assert ok, result.worst()
+    doubled = run_reference(BASE.replace(optimizer=Optim(lr=2e-2)), 2)
+    ok, result = _judged(doubled)
+    assert not ok and result.worst().kind == "param"
+    assert {d.step for d in result.diffs if not d.ok} == {0, 1, 2} and all(d.ok for d in result.diffs if d.kind == "grad")
+
+
 def _perturbed(snaps, rel):
     out = copy.deepcopy(snaps)
     for s in out:
@@ -90,8 +125,9 @@ def _perturbed(snaps, rel):
 
 
 def test_each_tensor_is_judged_by_its_own_dtype():
-    """bf16 compute, fp32 reduce: the grads and master params are fp32, so a 1.5% error
-    (inside bf16's rtol, far outside fp32's) is caught; the same error in a bf16 tensor is not."""
+    """bf16 compute, fp32 reduce: the grads and master params are fp32, so a 1.5% error (a few
+    bf16 ulps, far outside fp32's tolerance) is caught; an error under half a bf16 ulp in a bf16
+    tensor is not."""
     mp = BASE.replace(sharding=Sharding(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))
     ref = run_reference(mp, 4)
     assert all(g is None or g.dtype == torch.float32 for s in ref for g in s.grads.values())
@@ -100,7 +136,8 @@ def test_each_tensor_is_judged_by_its_own_dtype():
     as_bf16 = copy.deepcopy(ref)
     for s in as_bf16:
         s.grads = {k: None if g is None else g.to(torch.bfloat16) for k, g in s.grads.items()}
-    assert compare_runs(_perturbed(as_bf16, 0.005), as_bf16).ok
+    assert compare_runs(_perturbed(as_bf16, 0.0015), as_bf16).ok
+    assert not compare_runs(_perturbed(as_bf16, 0.015), as_bf16).ok
 
 
 def test_non_finite_values_are_named():

@@ -12,7 +12,7 @@ from tests.support import ROOT
 
 def test_every_cut_is_on_unless_named():
     assert parse_off("") == frozenset()
-    assert parse_off(" group_reuse , reference_cache") == {"group_reuse", "reference_cache"}
+    assert parse_off(" group_reuse , probe_cache") == {"group_reuse", "probe_cache"}
     assert parse_off("all") == set(CUTS)
 
 
@@ -27,6 +27,6 @@ def test_the_run_stops_before_any_launch_with_one_line(tmp_path):
                          env={**os.environ, ENV: "bogus"})
     assert out.returncode != 0
     assert out.stderr.strip().splitlines() == [
-        "error: FSDP_COMPAT_CUTS_OFF: unknown cut(s) bogus; known: memory_stamps, group_reuse, reference_cache, "
+        "error: FSDP_COMPAT_CUTS_OFF: unknown cut(s) bogus; known: memory_stamps, group_reuse, "
         "probe_cache, selective_preload, pin_ranks, gc_freeze, all"]
     assert not (tmp_path / "r.jsonl").exists() or (tmp_path / "r.jsonl").read_text() == ""

@@ -1,5 +1,6 @@
-"""Cells run in processes forked from a zygote (``harness.rank.forked``): what the worker
-posts and who judges when the cell's process succeeds, aborts, hangs or exits.
+"""Cells and references run in processes forked from a zygote (``harness.rank.forked``): what
+the worker posts and how it judges when the cell's process succeeds, aborts, hangs or exits,
+and what it records when the reference process answers, hangs or dies.
 
 The function that runs a cell in the forked process is replaced by small stand-ins (chosen
 per cell index), so no torchrun and no training is involved; the store is a real TCPStore,
@@ -24,6 +25,7 @@ from harness.process.tree import die_with_parent
 from harness.protocol import CellKeys, LaunchPlan, write_phase
 from harness.rank import forked, peers
 from harness.rank.forked import Zygote
+from harness.rank.leaks import TorchAttributes
 
 WHAT = "[enforce fail at gloo/transport/tcp/pair.cc:446] op.preamble.length <= op.nbytes. 8 vs 4"
 
@@ -67,7 +69,7 @@ def _exits_3(*_):
 BEHAVIOUR = {1: _records, 2: _reports_then_aborts, 3: _aborts, 4: _hangs, 5: _exits_3}
 
 
-def _fake_cell_process(plan, scenarios, *, index, slot_rank0, rank, t0):
+def _fake_cell_process(plan, scenarios, baseline, *, index, slot_rank0, rank, t0):
     try:
         die_with_parent()
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
@@ -78,6 +80,18 @@ def _fake_cell_process(plan, scenarios, *, index, slot_rank0, rank, t0):
         os._exit(4)
 
 
+def _fake_reference_process(plan, scenarios, *, index, installs):
+    """By cell index: answers (1), hangs (4), dies (3)."""
+    die_with_parent()
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    if index == 1:
+        plan.verdict_file(index).write_text(json.dumps({"status": "pass", "installs": installs}))
+        os._exit(0)
+    if index == 4:
+        time.sleep(60)
+    os.abort()
+
+
 @dataclass
 class FakeRun:
     """The ``CellRun`` side the zygote's worker end calls back into."""
@@ -85,13 +99,14 @@ class FakeRun:
     plan: LaunchPlan
     store: dist.Store
     calls: list = field(default_factory=list)
+    hung_sets: dict = field(default_factory=dict)
 
     def run_here(self, cell, *, slot_rank0, rank, t0):
         self.calls.append(("run_here", cell.index, slot_rank0, rank))
         return True
 
-    def judge(self, cell, *, t0, observed, fields, slot_rank0):
-        self.calls.append(("judge", cell.index, observed, fields, slot_rank0))
+    def judge(self, cell, *, t0, slot_rank0, forked=False):
+        self.calls.append(("judge", cell.index, slot_rank0, forked))
         self.store.set(CellKeys(launch_id=self.plan.launch_id, index=cell.index).recorded, "1")
         return []
 
@@ -114,12 +129,13 @@ def zygote(tmp_path, monkeypatch):
     plan.dump()
     plan.log_file.write_text(f"terminate called after throwing an instance of 'gloo::EnforceNotMet'\n  what():  {WHAT}\n")
     monkeypatch.setattr(forked, "_cell_process", _fake_cell_process)
+    monkeypatch.setattr(forked, "_reference_process", _fake_reference_process)
     port = _free_port()
-    z = Zygote.start(plan, {"port": port})
+    z = Zygote.start(plan, {"port": port}, TorchAttributes())
     store = dist.TCPStore("127.0.0.1", port, 1, is_master=True, wait_for_workers=False)
     pids: list[int] = []
-    fork_cell = z.fork_cell
-    z.fork_cell = lambda *a, **kw: pids.append(fork_cell(*a, **kw)) or pids[-1]
+    fork = z.fork
+    z.fork = lambda *a, **kw: pids.append(fork(*a, **kw)) or pids[-1]
     try:
         yield z, FakeRun(plan=plan, store=store), pids
     finally:
@@ -144,10 +160,22 @@ def _status(run, index, rank):
     return peers.RankOutcome(**json.loads(run.store.get(keys.status(rank)))) if run.store.check([keys.status(rank)]) else None
 
 
-def test_a_cell_that_records_needs_nothing_more(zygote):
+def test_the_worker_judges_a_cell_its_process_posted(zygote):
     z, run, _ = zygote
     assert z.run_cell(run, _cell(1), slot_rank0=0, rank=0, t0=time.time()) is True
-    assert _status(run, 1, 0) == peers.RankOutcome(rank=0, ok=True) and run.calls == []
+    assert _status(run, 1, 0) == peers.RankOutcome(rank=0, ok=True) and run.calls == [("judge", 1, 0, True)]
+
+
+def test_the_reference_process_answers_or_its_hang_and_death_are_named(zygote):
+    z, run, pids = zygote
+    fields = z.reference(run.plan, _cell(1), {"p": {"status": "installed"}}, time.time() + 10)
+    assert fields == {"status": "pass", "installs": {"p": {"status": "installed"}}}
+    t = time.time()
+    assert z.reference(run.plan, _cell(4), {}, t + 0.3) == {"status": "hang", "exc_type": "CellTimeout",
+                                                           "exc_msg": "reference/compare timed out"}
+    assert time.time() - t < 5 and not psutil.pid_exists(pids[1])
+    died = z.reference(run.plan, _cell(3), {}, time.time() + 10)
+    assert (died["status"], died["exc_msg"]) == ("error", "reference/compare failed: its process died: signal 6 (SIGABRT)")
 
 
 def test_a_non_judge_rank_killed_by_a_signal_is_posted_as_the_crash(zygote):
@@ -164,14 +192,14 @@ def test_the_judge_killed_by_a_signal_judges_in_the_worker(zygote):
     z, run, _ = zygote
     assert z.run_cell(run, _cell(3), slot_rank0=0, rank=0, t0=time.time()) is True
     assert _status(run, 3, 0).exc_msg.startswith("rank 0 died: signal 6 (SIGABRT)")
-    assert run.calls == [("judge", 3, None, {}, 0)]
+    assert run.calls == [("judge", 3, 0, True)]
 
 
 def test_a_rank_that_reported_before_dying_keeps_its_report(zygote):
     z, run, _ = zygote
     assert z.run_cell(run, _cell(2), slot_rank0=0, rank=0, t0=time.time()) is True
     assert (_status(run, 2, 0).exc_type, _status(run, 2, 0).exc_msg) == ("RuntimeError", "own report")
-    assert run.calls == [("judge", 2, None, {}, 0)]
+    assert run.calls == [("judge", 2, 0, True)]
 
 
 def test_an_exit_without_a_report_posts_the_exit_code_and_phase(zygote):
@@ -182,7 +210,7 @@ def test_an_exit_without_a_report_posts_the_exit_code_and_phase(zygote):
     assert z.run_cell(run, _cell(5), slot_rank0=0, rank=0, t0=time.time()) is True
     status = _status(run, 5, 0)
     assert (status.exc_type, status.exc_msg) == ("ExitCode", "rank 0 exited with code 3 during install of patch p1")
-    assert run.calls == [("judge", 5, None, {}, 0)]
+    assert run.calls == [("judge", 5, 0, True)]
     assert peers.blame([status], {}, 5.0)["status"] == "crash"
 
 

@@ -1,8 +1,13 @@
-"""Patch sets are undone between cells of one launch (run in a subprocess: patches are global)."""
+"""No cell sees what an earlier cell or patch set changed: patch sets are undone between the
+cells of one launch, and every change to torch a cell makes (hooks, configs, settings, wrapped
+functions, child processes) is put back, or never reaches another cell (``--isolate fork``),
+and named on the leaking cell's record."""
 
 import subprocess
 import sys
 import textwrap
+
+import pytest
 
 from tests.support import ROOT
 
@@ -36,3 +41,65 @@ def test_snapshot_restores_torch_and_reinstall_is_fresh():
     out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.startswith("ok")
+
+
+LEAKS = ROOT / "tests" / "fixtures" / "leaks"
+LEAKY_PATCHES = ROOT / "tests" / "fixtures" / "leaky_patches.py"
+#: what each leaking cell's record names (tests/fixtures/leaks)
+LEFT = {
+    ("a_leak_state", "vanilla"): ["left the default dtype float64", "left deterministic algorithms on",
+                                  "left 1 global module forward hook(s) registered (_global_forward_hooks)",
+                                  "left default saved-tensor hooks in force (saved_tensors_hooks entered, never exited)",
+                                  "left torch._dynamo.config changed: disable",
+                                  "left 1 child process(es) running: sleep (ended)"],
+    ("b_leak_linear", "vanilla"): ["left torch.nn.functional.linear replaced"],
+}
+
+
+def _leak_run(tmp_path, name, *extra):
+    import json
+
+    out = tmp_path / f"{name}.jsonl"
+    args = [sys.executable, "-m", "harness", "run", "--quiet", "--out", str(out), "--scenarios-dir", str(LEAKS),
+            "--patches", str(LEAKY_PATCHES), "--world-size", "1", "--variant", "vanilla", "--variant", "patched",
+            *extra]
+    for scenario in ("a_leak_state", "b_leak_linear", "c_patch_leaks", "z_probe"):
+        args += ["--scenario", scenario]
+    res = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    return res, [json.loads(line) for line in out.read_text().splitlines()]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("isolate", ["snapshot", "fork"])
+def test_no_cell_sees_what_an_earlier_cell_or_patch_set_left_and_each_leak_is_named(tmp_path, isolate):
+    """Scenario code and a patch set leave hooks, configs, settings, a child process and two
+    wrapped torch functions behind; the probe that runs after them (one slot: the planned order
+    runs vanilla first, then each patch set) sees none of it, and the leaking records name it."""
+    res, records = _leak_run(tmp_path, isolate, "--isolate", isolate)
+    assert res.returncode == 0, res.stdout + res.stderr
+    order = [(r["scenario"], r["variant"]) for r in records]
+    assert order.index(("c_patch_leaks", "patched")) < order.index(("z_probe", "patched"))
+    assert order.index(("a_leak_state", "vanilla")) < order.index(("z_probe", "vanilla"))
+    by = {(r["scenario"], r["variant"]): r for r in records}
+    assert by[("z_probe", "vanilla")]["status"] == by[("z_probe", "patched")]["status"] == "pass"
+    for key, left in LEFT.items():
+        assert by[key]["left_state"] == left, key
+    leaky = by[("c_patch_leaks", "patched")]
+    assert leaky["patch_changes"] == ["torch.distributed.all_reduce", "torch.nn.functional.linear"]
+    # the reference never ran under the wrapped linear: the cell is a mismatch, not a pass against itself
+    assert leaky["status"] == "mismatch" and leaky["as_expected"]
+
+
+@pytest.mark.slow
+def test_a_shuffled_order_with_the_leaks_gives_the_same_verdicts(tmp_path):
+    from harness.results.diff import diff_runs, load_side
+
+    _, planned = _leak_run(tmp_path, "planned")
+    res, shuffled = _leak_run(tmp_path, "shuffled", "--shuffle", "8")
+    assert res.returncode == 0, res.stdout + res.stderr
+    order = [(r["scenario"], r["variant"]) for r in shuffled]
+    # seed 8: every leaking cell, the leaky patch set included, runs before both probes
+    assert max(order.index(k) for k in (("c_patch_leaks", "patched"), ("a_leak_state", "vanilla"))) \
+        < min(order.index(k) for k in (("z_probe", "vanilla"), ("z_probe", "patched"))), order
+    diff = diff_runs(load_side(tmp_path / "planned.jsonl"), load_side(tmp_path / "shuffled.jsonl"))
+    assert diff.verdict_changes == 0, diff.markdown()

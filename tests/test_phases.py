@@ -96,8 +96,10 @@ def test_every_cells_phases_add_up_to_its_wall_and_every_rank_leaves_its_totals(
         assert {"training", "build + shard", "reference"} <= set(r["phases"])
         assert record_sum(r["phases"]) == pytest.approx(r["duration_s"], rel=0.05, abs=0.03), r["phases"]
     totals, n = load_totals([tmp_path / "r.logs"])
-    assert n == 4  # one launch of 4 ranks
-    per_rank = [json.loads(p.read_text())["phases"] for p in sorted((tmp_path / "r.logs").glob("*.phases"))]
+    workers = sorted(p for p in (tmp_path / "r.logs").glob("*.phases") if re.fullmatch(r".*\.rank\d+\.phases", p.name))
+    assert len(workers) == 4  # one launch of 4 ranks
+    assert n == 4 + 8  # and a reference process per cell
+    per_rank = [json.loads(p.read_text())["phases"] for p in workers]
     # Every rank of the launch takes part in each 4-rank cell, one after another, after its own
     # startup: its life covers them all and stays within the run's wall. (Not a fraction of the
     # wall: on a loaded machine the parent's and torchrun's own imports can take most of it.)

@@ -206,14 +206,27 @@ def test_build_report_writes_three_files(records_dir: Path, tmp_path: Path) -> N
     assert (row["vanilla"], row["patched"], row["verdict"]) == ("pass", "", "not run")
 
 
-def test_reference_adjustments_are_visible_everywhere(tmp_path: Path) -> None:
+def test_reference_adjustments_are_visible_everywhere_with_the_variants_they_apply_to(tmp_path: Path) -> None:
     quirk = "gloo reduce-scatter AVG sums (torch < 2.9): reference averages over the replicate dim only"
-    recs = [record("plain", v, "2.8.0", "pass", reference_quirks=[quirk]) for v in ("vanilla", "deployed")]
+    recs = [record("plain", "vanilla", "2.8.0", "pass", reference_quirks=[quirk]),
+            record("plain", "deployed", "2.8.0", "pass")]  # the deployed set's fix makes FSDP2 average
     paths = build_report([write_jsonl(tmp_path / "r.jsonl", recs)], tmp_path / "out")
-    shown = quirk.replace("<", "&lt;")  # Markdown shows record text as text
+    shown = f"vanilla: {quirk}".replace("<", "&lt;")  # Markdown shows record text as text
     assert "ok †" in paths["md"].read_text() and f"Reference adjusted on 2.8.0 (1 cells): {shown}" in paths["md"].read_text()
     assert "ok †" in paths["html"].read_text() and quirk.replace("<", "&lt;") in paths["html"].read_text()
-    assert read_report_csv(paths["csv"])["reference_adjusted"].tolist() == [quirk]
+    assert read_report_csv(paths["csv"])["reference_adjusted"].tolist() == [f"vanilla: {quirk}"]
+
+
+def test_findings_and_patch_changes_outside_fsdp_are_caveats(tmp_path: Path) -> None:
+    finding = "gloo reduction summed where FSDP2 asks for an average"
+    recs = [record("plain", "vanilla", "2.13.0", "pass"),
+            record("plain", "deployed", "2.13.0", "mismatch", findings=[finding],
+                   patch_changes=["torch.distributed.fsdp.fully_shard", "torch.nn.functional.linear"])]
+    paths = build_report([write_jsonl(tmp_path / "r.jsonl", recs)], tmp_path / "out")
+    assert f"deployed {finding}" in paths["md"].read_text()  # shortened there: every text in full in the CSV
+    caveats = read_report_csv(paths["csv"])["caveats"].tolist()
+    assert caveats == [f"deployed {finding}; deployed patch set replaced torch.nn.functional.linear "
+                       "(outside torch.distributed)"]
 
 
 def test_build_tables_without_records_raises(tmp_path: Path) -> None:

@@ -37,8 +37,8 @@ def test_a_rank_runs_its_slots_cells_in_every_stage():
 
 @pytest.mark.parametrize("cells, wanted", [
     ([_cell(0), _cell(1, variant="patched", patches=("p",))], ["preload"]),
-    ([_cell(0), _cell(1, expected=("crash",))], ["torch._dynamo"]),  # runs forked: import once, before the zygote
-    ([_cell(0), _cell(1)], []),
+    ([_cell(0), _cell(1, expected=("crash",))], ["torch._dynamo"]),  # before the zygote and the snapshot of torch
+    ([_cell(0), _cell(1)], ["torch._dynamo"]),
 ])
 def test_only_what_the_ranks_cells_need_is_preloaded(monkeypatch, cells, wanted):
     done = []

@@ -68,7 +68,7 @@ class LaunchOptions:
     #: "device": one launch per device, smaller world sizes on slots of its ranks;
     #: "world-size": one launch per device and world size (the older plan)
     per: str = "device"
-    #: "snapshot": patch sets share a launch and are undone in turn; "process": a launch per set
+    #: how cells are kept apart (``harness.plan.placement``: snapshot, fork, process)
     isolate: str = "snapshot"
     #: the seed of a random cell order (``harness.plan.placement.stages``); None: the planned order
     shuffle: int | None = None
@@ -156,8 +156,7 @@ def _launch(cells: list[Cell], opts: LaunchOptions, result: RunResult) -> list[C
         folder=str(opts.log_dir.resolve()),
         scenario_dirs=[str(Path(d).resolve()) for d in opts.scenario_dirs],
         dump_dir=str(opts.dump_dir.resolve()) if opts.dump_dir else None, cells=cells,
-        stages=stages(cells, world, shuffle=opts.shuffle), shuffle=opts.shuffle,
-    )
+        stages=stages(cells, world, shuffle=opts.shuffle, isolate=opts.isolate), shuffle=opts.shuffle, isolate=opts.isolate)
     plan_path, log_path = plan.dump(), plan.log_file
     watch = LaunchFollower(progress_path=plan.progress_file, out_path=opts.out_path, launch_id=launch_id)
     children_before = procs.children()

@@ -6,17 +6,29 @@ side (a 4-rank launch runs two 2-rank cells or four 1-rank cells at once). The l
 runs in *stages*, one world size at a time; each slot works through its own queue and
 all ranks meet at the end of a stage.
 
+Isolation (``isolate``): with "snapshot", the default, cells share the worker; after each
+cell every function, method and class of torch, its registries (global module hooks,
+saved-tensor hooks, compiler configs) and its process-wide settings go back to what they
+were before any cell (``harness.rank.leaks``, ``harness.rank.state``), and patch sets are
+undone in turn (``harness.undertest.undo``); only cells that may end the process run forked.
+With "fork" every CPU cell runs in a process forked from its rank's zygote
+(``harness.rank.forked``), a copy of the worker taken before any scenario or patch code
+ran: nothing a cell does can reach another, C++ state included, at the price of torch's
+first-use work in every cell (measured on the 2.13 suite: 421 s of rank CPU against 325 s).
+CUDA cannot be used across ``fork``: cuda cells always run in the worker.
+
 Order: cells certain to end the launch come last, each in a stage of its own, so a
 relaunch after one has little left to do. That is a documented crash (the process aborts)
-on a device where cells cannot be forked: on CPU such cells run in forked processes
-(``harness.rank.forked``) and take their place in the slots like the others, last in their slot. Within
+on a device where cells cannot be forked: forked cells take their place in the slots like
+the others, those that may end their process last in their slot. Within
 a stage, cells are spread over the slots by their expected cost (a documented hang
 costs its timeout), longest first, a scenario's cells on one slot where that keeps the
 stage balanced; then each slot keeps vanilla first and the cells of one patch set
 together (switching sets costs a snapshot restore and a re-import).
 
 ``per="world-size"`` gives the older plan, one launch per device and world size (the
-benchmark compares both); ``isolate="process"`` gives each patch set launches of its own.
+benchmark compares both); ``isolate="process"`` gives each patch set launches of its own
+(cells in the worker, as with "snapshot").
 
 ``shuffle=SEED`` (``run --shuffle``) checks that no cell's outcome depends on the cells
 before it: the cells are spread over the slots in a seeded random order, and each slot
@@ -32,6 +44,7 @@ import random
 from dataclasses import dataclass, field
 
 from harness.plan.cells import Cell
+from harness.vocabulary import ISOLATIONS
 
 __all__ = ["Stage", "ends_launch", "group_into_launches", "runs_forked", "stages"]
 
@@ -49,7 +62,7 @@ class Stage:
 
 def group_into_launches(cells: list[Cell], *, per: str = "device", isolate: str = "snapshot") -> list[list[Cell]]:
     """Cells that can share one torchrun launch, in first-appearance order."""
-    assert per in ("device", "world-size") and isolate in ("snapshot", "process"), (per, isolate)
+    assert per in ("device", "world-size") and isolate in ISOLATIONS, (per, isolate)
     groups: dict[tuple, list[Cell]] = {}
     for c in cells:
         key: tuple = (c.device,) if per == "device" else (c.device, c.world_size)
@@ -59,9 +72,10 @@ def group_into_launches(cells: list[Cell], *, per: str = "device", isolate: str 
     return list(groups.values())
 
 
-def stages(cells: list[Cell], world: int, *, shuffle: int | None = None) -> list[Stage]:
+def stages(cells: list[Cell], world: int, *, shuffle: int | None = None, isolate: str = "snapshot") -> list[Stage]:
     """The stages of a launch of ``world`` ranks over ``cells`` (indices into the plan);
-    ``shuffle``: the seed of a random order (see the module's docstring)."""
+    ``shuffle``: the seed of a random order, ``isolate``: how cells are kept apart (see the
+    module's docstring)."""
     position = {c.index: c.index for c in cells}
     if shuffle is not None:
         cells = random.Random(shuffle).sample(cells, len(cells))
@@ -75,7 +89,7 @@ def stages(cells: list[Cell], world: int, *, shuffle: int | None = None) -> list
             return (c.run_order, position[c.index])
         return (c.run_order, order[(c.variant != "vanilla", c.patches)], c.index)
 
-    normal = [c for c in cells if not ends_launch(c)]
+    normal = [c for c in cells if not ends_launch(c, isolate)]
     home: dict[str, int] = {}  # scenario -> first rank of the slot that ran it last
     out = []
     for ws in sorted({c.world_size for c in normal}, reverse=True):
@@ -84,7 +98,7 @@ def stages(cells: list[Cell], world: int, *, shuffle: int | None = None) -> list
         slots = _assign(mine, min(world // ws, len(mine)), home, ws)
         out.append(Stage(world_size=ws, slots=[
             [c.index for c in sorted(s, key=in_slot)] for s in slots]))
-    for c in sorted((c for c in cells if ends_launch(c)), key=lambda c: position[c.index]):
+    for c in sorted((c for c in cells if ends_launch(c, isolate)), key=lambda c: position[c.index]):
         out.append(Stage(world_size=c.world_size, slots=[[c.index]]))
     return out
 
@@ -125,16 +139,17 @@ def _assign(cells: list[Cell], n: int, home: dict[str, int], ws: int) -> list[li
     return slots
 
 
-def ends_launch(c: Cell) -> bool:
+def ends_launch(c: Cell, isolate: str = "snapshot") -> bool:
     """A documented crash that runs in the worker itself (no fork on its device)."""
-    return c.certain_crash and not runs_forked(c)
+    return c.certain_crash and not runs_forked(c, isolate)
 
 
-def runs_forked(c: Cell) -> bool:
-    """A cell that may end its process runs, on CPU, in a process forked from the rank's
-    zygote (``harness.rank.forked``): an abort costs the cell, not the launch. CUDA cannot
-    be used across ``fork``, so cuda cells run in the worker itself."""
-    return c.may_end_process and c.device == "cpu" and hasattr(os, "fork")
+def runs_forked(c: Cell, isolate: str = "snapshot") -> bool:
+    """Whether ``c`` runs in a process forked from the rank's zygote (``harness.rank.forked``):
+    every CPU cell with ``isolate="fork"``, else the CPU cells that may end their process
+    (an abort costs the cell, not the launch). CUDA cannot be used across ``fork``: cuda
+    cells run in the worker itself."""
+    return c.device == "cpu" and hasattr(os, "fork") and (isolate == "fork" or c.may_end_process)
 
 
 def _hangs(c: Cell) -> bool:

@@ -1,6 +1,6 @@
 """The harness's own savings per cell, each of which the benchmark can turn off to measure it.
 
-``FSDP_COMPAT_CUTS_OFF=group_reuse,reference_cache`` (read once per process, passed through
+``FSDP_COMPAT_CUTS_OFF=group_reuse,probe_cache`` (read once per process, passed through
 torchrun to every rank) turns the named cuts off; nothing else reads it, and every cut is
 on by default. ``bench/launch_bench.py --each-cut`` runs the suite once per cut turned off,
 side by side with all on and all off, so each cut's gain is measured, not assumed.
@@ -18,7 +18,6 @@ ENV = "FSDP_COMPAT_CUTS_OFF"
 CUTS: dict[str, str] = {
     "memory_stamps": "watchdog phase stamps written into a memory-mapped page, no file opened per stamp",
     "group_reuse": "the default process group kept between a slot's consecutive healthy cells",
-    "reference_cache": "the single-process reference computed once per (scenario, world size, quirks)",
     "probe_cache": "the gloo AVG probe measured once per (patch set, slot, shard group, reduce dtype), kept after healthy cells",
     "selective_preload": "a rank preloads only what its own cells need",
     "pin_ranks": "each rank pinned to one core where a launch has more ranks than the machine has cores",

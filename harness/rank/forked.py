@@ -1,24 +1,28 @@
-"""Run one cell in a forked process per rank (CPU), so an abort costs the cell, not the launch.
+"""Run a cell in a forked process per rank (CPU), and a cell's reference in a forked process.
 
-Cells documented to crash or hang (gloo aborts the process on a collective size mismatch;
-a desynchronized cell may hang) would otherwise end the whole launch and cost a relaunch
-(seconds of imports on every rank).
+A cell's process starts from the torch every cell starts from, whatever the cells before
+it did (isolation by construction: no list of settings to put back can be complete), and
+an abort costs the cell, not the launch: cells documented to crash or hang (gloo aborts the
+process on a collective size mismatch; a desynchronized cell may hang) would otherwise end
+the whole launch and cost a relaunch (seconds of imports on every rank). The cell's process
+trains, saves what FSDP2 produced and posts its outcome; the worker judges. The judge's
+reference runs in a process of its own too (``reference``), so it never runs under the
+patch set it judges.
 
-The cell's process is forked from a *zygote*: a copy of the worker made at its start, after
+Both are forked from a *zygote*: a copy of the worker made at its start, after
 the imports and before any cell ran. Forking the worker itself after a cell would not do:
 once FSDP2 has run a backward, CUDA builds of torch (2.11 and later, measured; the CPU wheel
 is spared) refuse autograd in a forked child ("Unable to handle autograd's threading in
 combination with fork-based multiprocessing"), and the worker's own threads (watchdog, gloo,
 store) would be copied without their state. The zygote has neither.
 
-The worker asks its zygote for a cell over a pipe; the zygote forks the cell's process,
-answers with its pid, waits for it and answers with its wait status. The worker waits at
-most the cell's deadline (plus grace), then kills it. When the cell's process died of a
-signal, the worker posts that as the rank's outcome, so the slot's judge records a crash
-naming the rank; when the judge's own cell process died, the worker judges instead. The
-launch goes on either way. Zygote and cell processes die with their parent
-(``harness.procs.die_with_parent``). CUDA cannot be used across ``fork``: cuda cells run in
-the workers themselves.
+The worker asks its zygote for a process over a pipe; the zygote forks it, answers with
+its pid, waits for it and answers with its wait status. The worker waits at most the
+cell's deadline (plus grace), then kills it. When the cell's process died of a signal, the
+worker posts that as the rank's outcome, so the slot's judge records a crash naming the
+rank. The launch goes on either way. Zygote, cell and reference processes die with their
+parent (``harness.process.tree.die_with_parent``). CUDA cannot be used across ``fork``: cuda
+cells run in the workers themselves (their references, CPU-only, are still forked).
 """
 
 from __future__ import annotations
@@ -33,12 +37,14 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass
+from typing import Any
 
 from harness.plan.cells import Cell
 from harness.process.crashlog import exit_message, last_what
 from harness.process.tree import die_with_parent
-from harness.protocol import CellKeys, LaunchPlan, read_phase
-from harness.rank import peers
+from harness.protocol import SETUP_PHASES, CellKeys, LaunchPlan, read_phase
+from harness.rank import cuts, peers
+from harness.rank.leaks import TorchAttributes
 from harness.rank.phases import CLOCK
 from harness.rank.watchdog import Watchdog
 
@@ -58,8 +64,9 @@ class Zygote:
     _buffer: bytes = b""
 
     @classmethod
-    def start(cls, plan: LaunchPlan, scenarios: dict) -> Zygote | None:
-        """Fork the zygote; call before any cell ran and before the worker starts threads."""
+    def start(cls, plan: LaunchPlan, scenarios: dict, baseline: TorchAttributes) -> Zygote | None:
+        """Fork the zygote; call before any cell ran and before the worker starts threads.
+        ``baseline``: torch's attributes as every cell's process starts with them."""
         if not hasattr(os, "fork"):
             return None
         req_r, req_w = os.pipe()
@@ -70,15 +77,16 @@ class Zygote:
         if pid == 0:
             os.close(req_w)
             os.close(rep_r)
-            _serve(plan, scenarios, req_r, rep_w)
+            _serve(plan, scenarios, baseline, req_r, rep_w)
         os.close(req_r)
         os.close(rep_w)
         return cls(pid=pid, requests=req_w, replies=rep_r)
 
     def run_cell(self, run, cell: Cell, *, slot_rank0: int, rank: int, t0: float) -> bool:
-        """``run``'s ``cell`` in a process forked from the zygote; True: the launch goes on."""
+        """``run``'s ``cell`` in a process forked from the zygote; the slot's first rank then
+        judges it here. True: the launch goes on."""
         keys = CellKeys(launch_id=run.plan.launch_id, index=cell.index)
-        pid = self.fork_cell(cell, slot_rank0=slot_rank0, rank=rank, t0=t0)
+        pid = self.fork(dict(kind="cell", index=cell.index, slot_rank0=slot_rank0, rank=rank, t0=t0))
         if pid is None:  # the zygote is gone: run the cell here
             return run.run_here(cell, slot_rank0=slot_rank0, rank=rank, t0=t0)
         status = self.wait(pid, t0 + cell.timeout_s + _CHILD_GRACE_S)
@@ -95,19 +103,40 @@ class Zygote:
             peers.post(run.store, keys, peers.RankOutcome(
                 rank=rank, ok=False, exc_type="ExitCode", t_fail=time.time(), phase=phase,
                 exc_msg=exit_message(rank, os.WEXITSTATUS(status), phase)))
-        if run.store.check([keys.recorded]):
-            return True
-        if rank == 0:  # the judge's cell process died before it wrote the record: judge here
-            run.judge(cell, t0=t0, observed=None, fields={}, slot_rank0=slot_rank0)
+        _note_hung_install(run, cell, keys, rank)
+        if rank == 0:
+            run.judge(cell, t0=t0, slot_rank0=slot_rank0, forked=True)
         else:
             run.wait_recorded(cell, t0=t0)
         return True
 
-    def fork_cell(self, cell: Cell, *, slot_rank0: int, rank: int, t0: float) -> int | None:
-        """The pid of a new process running ``cell``; None when the zygote is gone."""
+    def reference(self, plan: LaunchPlan, cell: Cell, installs: dict[str, dict[str, str]],
+                  deadline: float) -> dict[str, Any]:
+        """The outcome fields of ``cell`` from a reference process (``harness.rank.judging.judge``
+        on the snapshots its judging rank saved)."""
+        verdict = plan.verdict_file(cell.index)
+        verdict.unlink(missing_ok=True)
+        pid = self.fork(dict(kind="reference", index=cell.index, installs=installs))
+        status = None if pid is None else self.wait(pid, deadline)
         try:
-            os.write(self.requests, (json.dumps(dict(index=cell.index, slot_rank0=slot_rank0, rank=rank, t0=t0))
-                                     + "\n").encode())
+            return json.loads(verdict.read_text())
+        except (OSError, ValueError):
+            pass
+        if pid is None:
+            why = "the zygote is gone"
+        elif status is None:
+            return dict(status="hang", exc_type="CellTimeout", exc_msg="reference/compare timed out")
+        elif os.WIFSIGNALED(status):
+            why = f"its process died: signal {os.WTERMSIG(status)} ({signal.Signals(os.WTERMSIG(status)).name})"
+        else:
+            why = f"its process exited with code {os.WEXITSTATUS(status)}"
+        return dict(status="error", exc_type="HarnessError", exc_msg=f"reference/compare failed: {why}")
+
+    def fork(self, request: dict[str, Any]) -> int | None:
+        """The pid of a new process serving ``request`` (a cell's or a reference's); None when
+        the zygote is gone."""
+        try:
+            os.write(self.requests, (json.dumps(request) + "\n").encode())
         except OSError:
             return None
         deadline = time.time() + 30
@@ -147,8 +176,18 @@ def _phase(plan: LaunchPlan, global_rank: int) -> str | None:
     return read_phase(plan.phase_file(global_rank))
 
 
+def _note_hung_install(run, cell: Cell, keys: CellKeys, rank: int) -> None:
+    """A patch set whose install hung is not installed again in this launch (``CellRun.hung_sets``):
+    every rank of the slot installs it, so every rank's worker sees its own rank hang there."""
+    if not run.store.check([keys.status(rank)]):
+        return
+    outcome = peers.RankOutcome(**json.loads(run.store.get(keys.status(rank))))
+    if outcome.exc_type == "CellTimeout" and (outcome.phase or "").startswith(SETUP_PHASES[:2]):
+        run.hung_sets.setdefault(cell.patches, cell.index)
+
+
 # -- the zygote's side -------------------------------------------------------------------
-def _serve(plan: LaunchPlan, scenarios: dict, requests: int, replies: int) -> None:
+def _serve(plan: LaunchPlan, scenarios: dict, baseline: TorchAttributes, requests: int, replies: int) -> None:
     """The zygote: fork a cell process per request, report its pid and wait status."""
     code = 0
     try:
@@ -160,7 +199,9 @@ def _serve(plan: LaunchPlan, scenarios: dict, requests: int, replies: int) -> No
                 pid = os.fork()
                 if pid == 0:
                     os.close(replies)
-                    _cell_process(plan, scenarios, **request)
+                    if request.pop("kind") == "reference":
+                        _reference_process(plan, scenarios, **request)
+                    _cell_process(plan, scenarios, baseline, **request)
                 os.write(replies, f"pid {pid}\n".encode())
                 _, status = os.waitpid(pid, 0)
                 os.write(replies, f"status {status}\n".encode())
@@ -173,22 +214,52 @@ def _serve(plan: LaunchPlan, scenarios: dict, requests: int, replies: int) -> No
         os._exit(code)
 
 
-def _cell_process(plan: LaunchPlan, scenarios: dict, *, index: int, slot_rank0: int, rank: int, t0: float) -> None:
+def _cell_process(plan: LaunchPlan, scenarios: dict, baseline: TorchAttributes, *, index: int, slot_rank0: int,
+                  rank: int, t0: float) -> None:
     from harness.rank.cell import CellRun
 
     code = 4
     CLOCK.reset()
     try:
         die_with_parent()
-        gc.freeze()
+        if cuts.enabled("gc_freeze"):
+            gc.freeze()
         world = int(os.environ["WORLD_SIZE"])
-        run = CellRun(plan=plan, store=peers.connect_store(world, client_only=True),
+        run = CellRun(plan=plan, store=peers.connect_store(world, client_only=True), forked=True, baseline=baseline,
                       watchdog=Watchdog(plan.phase_file(slot_rank0 + rank), on_expire=peers.unblock), scenarios=scenarios)
         code = 0 if run.run_here(plan.cell(index), slot_rank0=slot_rank0, rank=rank, t0=t0) else 3
     except BaseException:
         traceback.print_exc()
     finally:
         CLOCK.write(plan.phases_file(slot_rank0 + rank, cell=index), launch=plan.launch_id, rank=slot_rank0 + rank)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _reference_process(plan: LaunchPlan, scenarios: dict, *, index: int, installs: dict) -> None:
+    """The reference and the comparison of cell ``index``, written to ``plan.verdict_file``."""
+    from harness.rank.judging import judge, load_observed, scenario_for
+
+    code = 4
+    CLOCK.reset()
+    cell = plan.cell(index)
+    try:
+        die_with_parent()
+        if cuts.enabled("gc_freeze"):
+            gc.freeze()
+        try:
+            fields = judge(scenario_for(scenarios, cell), load_observed(plan.observed_file(index)), cell, installs)
+        except Exception as e:  # a broken reference must not lose the cell
+            fields = dict(status="error", exc_type=type(e).__name__, exc_msg=f"reference/compare failed: {e}"[:500],
+                          traceback=traceback.format_exc()[-8000:])
+        plan.verdict_file(index).write_text(json.dumps(fields, default=str))
+        code = 0
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        CLOCK.write(plan.phases_file(int(os.environ.get("RANK", "0")), cell=index, what="reference"),
+                    launch=plan.launch_id)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

@@ -82,7 +82,7 @@ class CellGroups:
 
 @dataclass(kw_only=True)
 class ProbeCache:
-    """The gloo AVG probe's answers (``harness.train.fsdp.reduction_sums``), kept between cells.
+    """The gloo AVG probe's answers (``harness.train.probe.reduction_sums``), kept between cells.
 
     The answer depends on torch, the patch set in force, the backend, the shard group and the
     reduce dtype, not on which process group instance measured it, so it outlives groups. A

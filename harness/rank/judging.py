@@ -1,88 +1,77 @@
-"""Judging a cell on its slot's first rank: the single-process reference, the comparison
-with what FSDP2 produced, the ledger and resource checks; the record's outcome fields.
+"""Judging a cell: the single-process reference, the comparison with what FSDP2 produced,
+the ledger and resource checks; the record's outcome fields.
 
-The variants of a scenario (vanilla, patched, deployed, api) mostly need the same
-reference: it depends on the scenario as the variant runs it (the ``api`` variant's
-sharding and quirk settings, ``Scenario.with_api``), the world size, the quirks the cell
-measured (``reference_quirks``: the gloo AVG probe runs with the cell's patch set) and,
-where a patch set changed what the reference computes with (anything outside
-``torch.distributed``, e.g. ``torch.optim``, seen by the undo snapshot), that patch set.
-``ReferenceCache`` computes it once per such key in a process and shares it; nothing
-changes the snapshots of a reference once computed (the comparison only reads them).
+The judge computes them in a *reference process*: forked from the rank's zygote
+(``harness.rank.forked``), a copy of the worker taken before any scenario or patch code
+ran, so the reference never runs under the patch set it judges (a patched
+``clip_grad_norm_`` or optimizer step would otherwise be compared with itself) nor under
+anything an earlier cell left behind. The cell's process saves what FSDP2 produced
+(``save_observed``); the reference process reads it, writes its fields
+(``LaunchPlan.verdict_file``) and exits. The reference is one step at a time from what
+FSDP2 produced (``harness.train.reference``), so it is computed once per cell.
+
+Backend quirks are modelled only where declared (``harness.train.reference.quirks_for``):
+the gloo AVG sum on torch < 2.9 in a cell without its fix. The cell measures whether its
+reduction sums (``harness.train.probe.reduction_sums``); a sum measured anywhere else is a
+*finding* on the record, and the cell is judged against the true mean.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+import shutil
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from harness.plan.cells import Cell
-from harness.rank import cuts
 from harness.rank.phases import CLOCK
 from harness.scenario.spec import Scenario
 from harness.train import compare
 from harness.train.ledger import check_problems
-from harness.train.reference import quirks_for, run_reference
+from harness.train.meta_init import as_meta
+from harness.train.reference import GLOO_AVG_FIX, gloo_avg_declared, quirks_for, run_reference
 from harness.train.resources import growth_problems
 from harness.train.step import StepTensors
 
-__all__ = ["ReferenceCache", "dump", "judge"]
+__all__ = ["dump", "judge", "load_observed", "save_observed", "scenario_for"]
+
+#: install statuses under which a patch is in force
+_IN_FORCE = ("installed", "already-installed")
 
 
-@dataclass(kw_only=True)
-class _Reference:
-    scenario: Scenario
-    world_size: int
-    quirks: tuple[str, ...]
-    patch_set: tuple[str, ...]
-    steps: list[StepTensors]
+def scenario_for(scenarios: dict[str, Scenario], cell: Cell) -> Scenario:
+    """The recipe ``cell`` runs: its scenario, built on meta where the run says so, with its
+    public API on for the ``api`` variant."""
+    scenario = scenarios[cell.scenario]
+    scenario = as_meta(scenario) if cell.init == "meta" else scenario
+    return scenario.with_api() if cell.variant == "api" else scenario
 
 
-@dataclass(kw_only=True)
-class ReferenceCache:
-    """References computed in this process, newest last, at most ``keep``."""
-
-    keep: int = 8
-    entries: list[_Reference] = field(default_factory=list)
-    hits: int = 0
-
-    def get(self, scenario: Scenario, world_size: int, quirks: list[str],
-            patch_set: tuple[str, ...] = ()) -> list[StepTensors]:
-        """The reference of ``scenario`` at ``world_size`` under ``quirks``; ``patch_set``: the
-        active set where it changed what the reference computes with, else ``()``."""
-        if not cuts.enabled("reference_cache"):
-            return run_reference(scenario, world_size, quirks=quirks)
-        for entry in self.entries:
-            if (entry.world_size, entry.quirks, entry.patch_set) == (world_size, tuple(quirks), patch_set) \
-                    and _same(entry.scenario, scenario):
-                self.hits += 1
-                return entry.steps
-        steps = run_reference(scenario, world_size, quirks=quirks)
-        self.entries = [*self.entries[-(self.keep - 1):], _Reference(
-            scenario=scenario, world_size=world_size, quirks=tuple(quirks), patch_set=patch_set, steps=steps)]
-        return steps
-
-
-def _same(a: Scenario, b: Scenario) -> bool:
-    """The same recipe: the same object, or equal in every field (``with_api`` makes copies)."""
-    try:
-        return a is b or bool(a == b)
-    except Exception:  # a field whose == does not give a truth value
-        return False
-
-
-def judge(scenario: Scenario, observed: list[StepTensors], cell: Cell, cache: ReferenceCache | None = None,
-          patch_set: tuple[str, ...] = ()) -> dict[str, Any]:
+def judge(scenario: Scenario, observed: list[StepTensors], cell: Cell,
+          installs: dict[str, dict[str, str]] | None = None) -> dict[str, Any]:
+    """The outcome fields of a cell whose every rank trained: the reference (one step at a
+    time from ``observed``), the comparison, the ledger and resource checks. ``installs``:
+    the cell's patch install outcomes (whether the gloo AVG fix is in force)."""
     sums = observed[0].reduction_sums if observed else None
-    quirks = quirks_for(torch_version=torch.__version__, backend=cell.backend, sharding=scenario.sharding,
-                        reduction_sums=sums) if scenario.reference_quirks else []
-    reference = (cache or ReferenceCache()).get(scenario, cell.world_size, quirks, patch_set)
+    fixed = (installs or {}).get(GLOO_AVG_FIX, {}).get("status") in _IN_FORCE
+    quirks, findings = [], []
+    if scenario.reference_quirks:
+        quirks = quirks_for(torch_version=torch.__version__, backend=cell.backend, sharding=scenario.sharding,
+                            reduction_sums=sums, fixed=fixed)
+        declared = gloo_avg_declared(torch_version=torch.__version__, backend=cell.backend, fixed=fixed)
+        if sums and not declared:
+            where = "with its fix installed" if fixed else f"on torch {torch.__version__}"
+            findings.append(f"gloo reduction summed where FSDP2 asks for an average ({where}): judged against "
+                            "the true mean")
+    CLOCK.enter("reference")
+    reference = run_reference(scenario, cell.world_size, quirks=quirks, observed=observed)
     CLOCK.enter("compare")
     result = compare.compare_runs(observed, reference)
     fields = {**result.as_record_fields(), "reference_quirks": quirks, "status": "pass" if result.ok else "mismatch"}
+    if findings:
+        fields["findings"] = findings
     fields["ledger"] = observed[0].ledger if observed else None
     if (problems := check_problems(scenario.ledger_checks, fields["ledger"])) and result.ok:
         fields.update(status="mismatch", worst="ledger: " + "; ".join(problems))
@@ -96,8 +85,18 @@ def judge(scenario: Scenario, observed: list[StepTensors], cell: Cell, cache: Re
     return fields
 
 
-def dump(folder: str, cell: Cell, observed: list[StepTensors]) -> None:
-    """Save the observed snapshots (for determinism checks and local reproduction)."""
-    os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, f"{cell.scenario}-{cell.variant}-{cell.device}-w{cell.world_size}.pt")
+def save_observed(path: str | os.PathLike, observed: list[StepTensors]) -> None:
+    """What FSDP2 produced, for the reference process (and ``run --dump``)."""
     torch.save([s.__dict__ for s in observed], path)
+
+
+def load_observed(path: str | os.PathLike) -> list[StepTensors]:
+    return [StepTensors(**d) for d in torch.load(path, weights_only=False)]
+
+
+def dump(folder: str, cell: Cell, observed_file: str | os.PathLike) -> None:
+    """Keep the observed snapshots (for determinism checks and local reproduction)."""
+    os.makedirs(folder, exist_ok=True)
+    target = Path(folder) / f"{cell.scenario}-{cell.variant}-{cell.device}-w{cell.world_size}.pt"
+    shutil.copyfile(observed_file, target)
+

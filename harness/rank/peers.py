@@ -13,14 +13,16 @@ import json
 import os
 import socket
 import time
+import traceback
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch.distributed as dist
 
 from harness.protocol import CellKeys, phase_key
+from harness.rank.watchdog import CellTimeout, Watchdog
 
-__all__ = ["RankOutcome", "blame", "collect_outcomes", "connect_store", "post", "shutdown_peer_sockets",
+__all__ = ["RankOutcome", "blame", "collect_outcomes", "connect_store", "failure", "post", "shutdown_peer_sockets",
            "unblock", "wait"]
 
 _COMM_FAILURE_MARKERS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
@@ -44,6 +46,14 @@ class RankOutcome:
     left_state: list[str] = field(default_factory=list)
     #: the sequence number of the default group after the cell (``harness.rank.groups``); None: no group
     group_seq: int | None = None
+    #: the record fields of a cell that did not train (a skip, a patch install error), decided by this rank
+    prepared: dict[str, Any] | None = None
+    #: the judging rank's: its patch set's install outcomes, the torch functions and methods the
+    #: install replaced (``harness.rank.leaks``), and whether it saved what FSDP2 produced
+    #: (``LaunchPlan.observed_file``) for the reference
+    patch_install: dict[str, dict[str, str]] = field(default_factory=dict)
+    patch_changes: list[str] = field(default_factory=list)
+    observed: bool = False
 
     @property
     def comm_failure(self) -> bool:
@@ -180,3 +190,16 @@ def shutdown_peer_sockets() -> bool:
         finally:
             s.close()  # closes the duplicate only
     return shut
+
+
+def failure(rank: int, e: BaseException, watchdog: Watchdog) -> RankOutcome:
+    """This rank's outcome when its part of the cell raised ``e`` (the watchdog says where it was)."""
+    lines = str(e).strip().splitlines()
+    msg, fired = lines[0][:500] if lines else "", watchdog.fired
+    if isinstance(e, CellTimeout):
+        msg = f"the cell's deadline passed in {watchdog.phase!r}"
+    elif isinstance(e, SystemExit):  # str(SystemExit(0)) is "0"
+        msg = f"SystemExit {e.code} during {watchdog.phase!r}"
+    return RankOutcome(rank=rank, ok=False, exc_type="CellTimeout" if fired else type(e).__name__, exc_msg=msg,
+                             traceback=traceback.format_exc()[-8000:], t_fail=time.time(), phase=watchdog.phase,
+                             where=watchdog.where if fired else None, in_collective=watchdog.in_collective if fired else None)

@@ -22,8 +22,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["CATEGORIES", "CLOCK", "PhaseClock", "category_of", "format_table", "load_totals", "process_age",
-           "record_sum"]
+__all__ = ["CATEGORIES", "CLOCK", "PhaseClock", "category_of", "fold", "format_table", "load_totals", "process_age",
+           "read_totals", "record_sum"]
 
 #: the phases in the order a cell meets them (the breakdown's rows), with what each covers
 CATEGORIES: dict[str, str] = {
@@ -138,6 +138,32 @@ def process_age() -> tuple[float, float]:
         return max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - started), cpu
     except (OSError, ValueError, IndexError, AttributeError):
         return 0.0, cpu
+
+
+def read_totals(path: Path | str) -> dict[str, list[float]]:
+    """One process's totals (``PhaseClock.write``); {} where there are none."""
+    try:
+        return {k: [float(w), float(c)] for k, (w, c) in json.loads(Path(path).read_text())["phases"].items()}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
+def fold(phases: dict[str, list[float]], waited: str, inner: dict[str, list[float]]) -> dict[str, list[float]]:
+    """``phases`` with the time spent waiting in ``waited`` for another process shown as that
+    process's own phases (``inner``); what the wait took beyond them (fork, exit) stays in
+    ``waited``, so the walls still add up to the same."""
+    if waited not in phases or not inner:
+        return phases
+    out = {k: list(v) for k, v in phases.items()}
+    wall, cpu = out.pop(waited)
+    for k, (w, c) in inner.items():
+        entry = out.setdefault(k, [0.0, 0.0])
+        entry[0], entry[1] = round(entry[0] + w, 4), round(entry[1] + c, 4)
+    rest = wall - sum(w for w, _ in inner.values())
+    if rest > 0:  # added to what the inner process spent in a phase of the same name
+        entry = out.setdefault(waited, [0.0, 0.0])
+        entry[0], entry[1] = round(entry[0] + rest, 4), round(entry[1] + cpu, 4)
+    return out
 
 
 def load_totals(folders: list[Path]) -> tuple[dict[str, list[float]], int]:

@@ -30,13 +30,13 @@ from collections.abc import Iterable
 import torch
 
 from harness.plan.cells import Cell
-from harness.plan.placement import runs_forked
 from harness.process.cpus import pin_rank
 from harness.process.tree import die_with_parent
 from harness.protocol import LaunchPlan, stage_done
 from harness.rank import cuts, peers
 from harness.rank.cell import CellRun
 from harness.rank.forked import Zygote
+from harness.rank.leaks import TorchAttributes
 from harness.rank.phases import CLOCK, process_age
 from harness.rank.watchdog import Watchdog, note_exits
 from harness.scenario.load import load_scenarios
@@ -73,13 +73,14 @@ def main(argv: list[str] | None = None) -> None:
         # in the collector's view, every full collection walks them again (a cell that
         # collects per step, ``harness.train.resources``: 0.3-0.5 s each, tens of ms frozen)
         gc.freeze()
+    baseline = TorchAttributes.take()  # torch as every cell starts with it (``harness.rank.leaks``)
     CLOCK.enter("rendezvous")
-    # before any cell, thread or store connection: cells that may abort run in its forks
-    zygote = Zygote.start(plan, scenarios) if any(runs_forked(c) for c in mine) else None
+    # before any cell, thread or store connection: forked cells and every reference run in its forks
+    zygote = Zygote.start(plan, scenarios, baseline)
     store = peers.connect_store(world)
     watchdog = Watchdog(plan.phase_file(rank), on_expire=peers.unblock)
     note_exits(watchdog, plan.exit_file(rank))  # a patch that calls os._exit: the launcher names rank, code, phase
-    run = CellRun(plan=plan, store=store, watchdog=watchdog, scenarios=scenarios, zygote=zygote)
+    run = CellRun(plan=plan, store=store, watchdog=watchdog, scenarios=scenarios, zygote=zygote, baseline=baseline)
     CLOCK.enter("other")
     for n, stage in enumerate(plan.stages):
         slot, local = divmod(rank, stage.world_size)
@@ -103,12 +104,13 @@ def _cells_of(plan: LaunchPlan, rank: int) -> list[Cell]:
 
 def _preload(cells: list[Cell]) -> None:
     """What this rank's cells need before their deadlines: every module a patch may touch
-    where a cell installs patches (``harness.undertest.undo.preload``); else, where a cell
-    runs forked, the dynamo package FSDP2 imports on first use (once, in the zygote's parent,
-    not in every forked process). Otherwise the first cell imports what it uses."""
+    where a cell installs patches (``harness.undertest.undo.preload``); else the dynamo package
+    FSDP2 imports on first use (importing it sets up torch, ``torch.manual_seed`` included:
+    before the rank's snapshot of torch, ``harness.rank.leaks``, and once, not in every
+    forked process)."""
     if any(c.patches for c in cells) or not cuts.enabled("selective_preload"):
         preload()
-    elif any(runs_forked(c) for c in cells):
+    else:
         importlib.import_module("torch._dynamo")
 
 

@@ -94,9 +94,16 @@ class Record:
     ledger: list[list[Any]] | None = None
     #: rank 0's live tensors after each step (``harness.train.resources``: step, tensors, bytes, cuda_allocated)
     resources: list[list[Any]] | None = None
-    #: process-wide state the cell left changed ("left the default dtype float64"), put back
-    #: before the next cell (``harness.rank.state``); the report shows each as a caveat
+    #: process-wide state the cell left changed ("left the default dtype float64", "left a global
+    #: module forward hook registered", "left torch.nn.functional.linear replaced":
+    #: ``harness.rank.state``, ``harness.rank.leaks``); no later cell sees it (its own process, or
+    #: put back); the report shows each as a caveat
     left_state: list[str] = field(default_factory=list)
+    #: the torch functions, methods and classes the cell's patch set replaced or added (``harness.rank.leaks``)
+    patch_changes: list[str] = field(default_factory=list)
+    #: what the judge noticed beyond the verdict (a gloo reduction that summed where no quirk is
+    #: declared: ``harness.rank.judging``); the report shows each
+    findings: list[str] = field(default_factory=list)
     #: the seed of the shuffled cell order the run used (``run --shuffle``); None: the planned order
     order_seed: int | None = None
     #: "meta": the run built every model on the meta device (``run --init meta``, ``harness.train.meta_init``)

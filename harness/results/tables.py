@@ -25,7 +25,7 @@ from packaging.version import InvalidVersion, Version
 from harness.results.ledger_changes import CellKey, Summary, ledger_summaries, version_changes
 from harness.results.record import Record, RecordError, load_records
 from harness.results.safe import module_label
-from harness.results.verdict import combine_patch_statuses, judge, patch_contributions
+from harness.results.verdict import adjusted, combine_patch_statuses, judge, patch_contributions
 from harness.vocabulary import PS_BROKEN, PS_NOT_RUN, VARIANTS, VERDICTS
 
 __all__ = [
@@ -130,7 +130,7 @@ def _cell_row(key: tuple[str, str, str, int], records: dict[str, Record | None])
         "verdict": cell.verdict, "rule": cell.rule.number, "unexpected": "; ".join(cell.unexpected),
         "caveats": "; ".join(cell.caveats),
         "worst": next((r.worst for r in present if r.worst and r.failed), "") or "",
-        "reference_adjusted": "; ".join(sorted({q for r in present for q in r.reference_quirks})),
+        "reference_adjusted": adjusted(records),
         "upstream": next((r.upstream for r in present if r.upstream), "") or "",
         "public_api": next((r.api for r in present if r.api), "") or "",
         "bug_observable": all(r.bug_observable for r in present),

@@ -61,6 +61,7 @@ __all__ = [
     "VERDICT_RULES",
     "CellVerdict",
     "Rule",
+    "adjusted",
     "caveats",
     "combine_patch_statuses",
     "judge",
@@ -197,19 +198,35 @@ def unexpected_notes(records: Records) -> tuple[str, ...]:
 
 def caveats(records: Records) -> tuple[str, ...]:
     """A patch set that turns a vanilla error into a hang or crash (the fix costs the timeout),
-    and process-wide state a variant's run left changed ("vanilla, patched left the default
-    dtype float64": the harness put it back, but the scenario leaks it where it runs)."""
+    process-wide state a variant's run left changed ("vanilla, patched left the default
+    dtype float64": the harness put it back, but the scenario leaks it where it runs), torch
+    functions a patch set replaced outside ``torch.distributed`` (they change more than FSDP2),
+    and the judge's findings (a gloo reduction that summed where no quirk is declared)."""
     out: list[str] = []
     vanilla = records.get("vanilla")
     if vanilla is not None and vanilla.status == "error":
         out += [f"{variant} turns vanilla's error into a {rec.status}" for variant in ("patched", "deployed")
                 if (rec := records.get(variant)) is not None and rec.status in ("hang", "crash")]
-    left: dict[str, list[str]] = {}
+    said: dict[str, list[str]] = {}
     for variant, rec in records.items():
-        for text in rec.left_state if rec is not None else ():
-            left.setdefault(text, []).append(variant)
-    out += [f"{', '.join(variants)} {text}" for text, variants in left.items()]
+        outside = [n for n in rec.patch_changes if not n.startswith("torch.distributed.")] if rec is not None else []
+        texts = [*(rec.left_state if rec is not None else ()), *(rec.findings if rec is not None else ())]
+        if outside:
+            texts.append(f"patch set replaced {', '.join(outside[:3])}{' ...' if len(outside) > 3 else ''} "
+                         "(outside torch.distributed)")
+        for text in texts:
+            said.setdefault(text, []).append(variant)
+    out += [f"{', '.join(variants)} {text}" for text, variants in said.items()]
     return tuple(out)
+
+
+def adjusted(records: Records) -> str:
+    """Each quirk the reference modelled, with the variants it modelled it for ("vanilla: ...")."""
+    by_quirk: dict[str, list[str]] = {}
+    for variant, rec in records.items():
+        for quirk in rec.reference_quirks if rec is not None else ():
+            by_quirk.setdefault(quirk, []).append(variant)
+    return "; ".join(f"{', '.join(variants)}: {quirk}" for quirk, variants in sorted(by_quirk.items()))
 
 
 def judge(records: Records) -> CellVerdict:

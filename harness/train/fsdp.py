@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -30,17 +30,10 @@ from harness.train import resources as held
 from harness.train.gather import Deferred, gather_full, plain_placements
 from harness.train.meta_init import init_on
 from harness.train.norm_group import rehome
+from harness.train.probe import Probes, measure_reduction
 from harness.train.step import StepTensors
 
-__all__ = ["FsdpSide", "Probes", "build_model", "train"]
-
-
-class Probes(Protocol):
-    """Answers of the reduction probe measured before (``harness.rank.groups.ProbeCache``)."""
-
-    def get(self, key: tuple) -> bool | None: ...
-
-    def put(self, key: tuple, sums: bool) -> None: ...
+__all__ = ["FsdpSide", "build_model", "train"]
 
 
 def train(scenario: Scenario, cell: Cell, utilities: dict[str, Any], rank: int, world: int,
@@ -58,17 +51,7 @@ def train(scenario: Scenario, cell: Cell, utilities: dict[str, Any], rank: int, 
     _all_connected(device)
     api = scenario.api if cell.variant == "api" else None
     model = build_model(scenario, mesh, cell.device, api=api)
-    sums = None
-    if scenario.reference_quirks and "gloo" in cell.backend and "nccl" not in cell.backend:
-        shard = _shard_mesh(mesh)
-        dtype = _reduce_dtype(scenario, model)
-        key = (cell.backend, cell.device, tuple(shard.mesh.flatten().tolist()), str(dtype))
-        sums = probes.get(key) if probes is not None else None
-        if sums is None:
-            stamp("measure the reduction")
-            sums = reduction_sums(shard, device, dtype)
-            if probes is not None:
-                probes.put(key, sums)
+    sums = measure_reduction(scenario, cell, model, mesh, device, probes, stamp)
     side = FsdpSide(scenario, cell, model, mesh, device, utilities, rank=rank, world=world, stamp=stamp)
     measure = side.measure if rank == 0 and held.enabled(scenario.resource_check) else None  # rank 0's record
     with collectives.recording() as side.ledger:  # the scenario's collectives only (``harness.train.ledger``)
@@ -78,41 +61,6 @@ def train(scenario: Scenario, cell: Cell, utilities: dict[str, Any], rank: int, 
         observed[0].ledger = side.ledger.rows() if side.ledger is not None else None
         observed[0].resources = side.resources or None
     return observed
-
-
-def _shard_mesh(mesh: DeviceMesh) -> DeviceMesh:
-    """The 1-D mesh FSDP2 reduce-scatters over: the mesh itself, or its "shard" / "dp" dim."""
-    names = mesh.mesh_dim_names or ()
-    if mesh.ndim == 1:
-        return mesh
-    return mesh["shard"] if "shard" in names else mesh["dp"]
-
-
-def _reduce_dtype(scenario: Scenario, model: nn.Module) -> torch.dtype:
-    """The dtype FSDP2 reduces the scenario's grads in: its reduce dtype, else its compute
-    dtype, else its first floating-point parameter's."""
-    s = scenario.sharding
-    floating = (p.dtype for p in model.parameters() if p.is_floating_point())
-    return s.reduce_dtype or s.param_dtype or next(floating, torch.float32)
-
-
-def reduction_sums(mesh: DeviceMesh, device: torch.device, dtype: torch.dtype = torch.float32) -> bool:
-    """Whether FSDP2's gradient reduction over ``mesh`` sums where it should average, as
-    measured with the patch set in force: a one-layer model whose grad is 1 on every rank
-    comes back as the shard group's size instead of 1 (gloo computes FSDP2's ReduceOp.AVG
-    reduce-scatter as a sum before torch 2.9, unless a patch makes FSDP2 sum and divide
-    itself). FSDP2 asks for AVG only for some reduce dtypes (fp32 and bf16; fp16 is summed
-    with its own divide factors), so the probe reduces in ``dtype``, the cell's. The
-    reference models the sum only where this says so."""
-    if mesh.size() == 1:
-        return False
-    probe = nn.Linear(1, 2 * mesh.size(), bias=False, device=device, dtype=dtype)  # two rows of the weight per rank
-    nn.init.ones_(probe.weight)
-    fsdp_public.fully_shard(probe, mesh=mesh)
-    probe(torch.ones(1, 1, device=device, dtype=dtype)).sum().backward()
-    local = probe.weight.grad.to_local()
-    assert local.numel() > 0, "every rank holds a shard of the probe"
-    return bool(torch.allclose(local, torch.full_like(local, float(mesh.size()))))
 
 
 def _all_connected(device: torch.device) -> None:
@@ -202,6 +150,12 @@ class FsdpSide:
     def _at(self, phase: str | None, micro_batch: int | None = None) -> None:
         if self.ledger is not None:
             self.ledger.at(phase, step=self.step, micro_batch=micro_batch)
+
+    def begin_step(self, step: int) -> None:
+        self.step = step
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, snap: StepTensors) -> None:
+        optimizer.step()
 
     def micro_batch(self, step: int, k: int, micro_batch: MicroBatch) -> None:
         self.step = step

@@ -1,9 +1,12 @@
 """The training recipe, written once: the FSDP2 side and the single-process reference
 both run it, each passing in a ``Side`` for the parts that differ.
 
-Per step: every micro-batch of the schedule (forward and backward, with the scenario's
-gradient-sync settings), the end of the window (where the scenario reduces after it), then grad scaling, a snapshot of the grads, clipping and a
-snapshot of the clipped grads, ``optimizer.step()``, a snapshot of the params and of
+Per step: the side's start of the step (the reference takes the params FSDP2 ended the
+previous step with: ``harness.train.reference``), every micro-batch of the schedule
+(forward and backward, with the scenario's gradient-sync settings), the end of the window
+(where the scenario reduces after it), then grad scaling, a snapshot of the grads,
+clipping and a snapshot of the clipped grads, the optimizer step (the side's own:
+the reference steps with the grads FSDP2 stepped with), a snapshot of the params and of
 which params have optimizer state, and ``zero_grad`` with ``set_to_none`` alternating
 (True after even steps, False after odd ones) so both kinds run mid-training.
 
@@ -29,6 +32,9 @@ Grads = dict[str, "torch.Tensor | None"]
 class Side(Protocol):
     """What differs between the FSDP2 run and the reference."""
 
+    def begin_step(self, step: int) -> None:
+        """Before the step's first micro-batch."""
+
     def micro_batch(self, step: int, k: int, micro_batch: MicroBatch) -> None:
         """Forward and backward of micro-batch ``k``; grads accumulate into ``.grad``."""
 
@@ -43,6 +49,10 @@ class Side(Protocol):
 
     def clip(self, clip: Clip) -> float:
         """Clip the grads in place; return the total norm before clipping."""
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, snap: StepTensors) -> None:
+        """``optimizer.step()`` (the reference: with the grads FSDP2 stepped with; it notes the
+        size of each update on ``snap``)."""
 
     def params(self) -> dict[str, torch.Tensor]:
         """Full params by name (private CPU copies)."""
@@ -64,6 +74,7 @@ def train(scenario: Scenario, side: Side, named: dict[str, nn.Parameter],
     opt = scenario.optimizer.build(named.values())
     snapshots = []
     for step in range(scenario.steps):
+        side.begin_step(step)
         for k, micro_batch in enumerate(scenario.schedule):
             side.micro_batch(step, k, micro_batch)
         side.end_window()
@@ -74,7 +85,7 @@ def train(scenario: Scenario, side: Side, named: dict[str, nn.Parameter],
         if scenario.clip is not None:
             snap.grad_norm = side.clip(scenario.clip)
             snap.clipped, _ = side.grads()
-        opt.step()
+        side.optimizer_step(opt, snap)
         snap.params = side.params()
         snap.opt_state = {n: bool(opt.state.get(p)) for n, p in named.items()}
         snapshots.append(snap)

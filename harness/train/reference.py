@@ -10,6 +10,19 @@ that no rank used in an accumulation window has no grad (``None``), so AdamW nei
 steps it nor creates state for it. A parameter some rank used gets the mean over ranks,
 the others contributing zero.
 
+One step at a time: given what FSDP2 produced (``observed``), each step of the reference
+starts from the params FSDP2 ended the previous step with, and its optimizer steps with
+the grads FSDP2 stepped with (where both sides have one; the reference keeps its own grads
+for the comparison and for ``zero_grad``). So every quantity is judged against what a
+single process computes from the same inputs: a grad against the reference's grad at the
+same params, a post-step param against the reference optimizer's step from the same
+params and grads. Rounding-level differences in the grads are never fed through AdamW,
+whose division by each element's running RMS turns them into differences of order the
+learning rate where a grad element is near zero (measured: 1.3e-5 after one step on
+another CPU's kernels, every grad within 3.3e-7); and a wrong step (a patched optimizer,
+a decayed unused weight) shows at the step where it happens. Without ``observed`` the
+reference runs its own trajectory.
+
 Mixed precision is emulated, not tolerated: each rank's forward and backward run on a
 copy of the model whose parameters (not buffers) are cast to ``param_dtype`` (inputs cast
 like FSDP2's root pre-forward),
@@ -27,7 +40,8 @@ from harness.scenario.spec import MODEL_SEED, Clip, Ctx, MicroBatch, Scenario, S
 from harness.train import recipe
 from harness.train.step import StepTensors
 
-__all__ = ["GLOO_AVG_SUMS", "PER_USE_UPCAST", "REDUCE_NONE_FP32", "ReferenceSide", "quirks_for", "run_reference"]
+__all__ = ["GLOO_AVG_FIX", "GLOO_AVG_SUMS", "PER_USE_UPCAST", "REDUCE_NONE_FP32", "ReferenceSide", "gloo_avg_declared",
+           "quirks_for", "run_reference"]
 
 
 #: Known backend behaviour the reference must model to judge anything else on that
@@ -51,18 +65,32 @@ PER_USE_UPCAST = ("first no-sync micro-batch upcasts each use of a parameter to 
 REDUCE_NONE_FP32 = "reduce_dtype=None reduces in fp32, not param_dtype (torch >= 2.15)"
 
 
-def quirks_for(*, torch_version: str, backend: str, sharding: Sharding | None = None,
-               reduction_sums: bool | None = None) -> list[str]:
-    """The backend and version quirks that apply to a cell (``GLOO_AVG_SUMS``, ``PER_USE_UPCAST``).
+#: the patch that fixes the gloo AVG sum (scenarios/gloo_avg_reduce_scatter.py); in force, no sum is declared
+GLOO_AVG_FIX = "gloo_reduce_scatter_avg"
 
-    ``reduction_sums``: what the cell measured (``harness.train.fsdp.reduction_sums``, with
-    its patch set installed: a patch that makes FSDP2 sum and divide itself removes the
-    quirk); None: judged by torch version and backend alone."""
+
+def gloo_avg_declared(*, torch_version: str, backend: str, fixed: bool = False) -> bool:
+    """Whether the gloo AVG sum (``GLOO_AVG_SUMS``) is a known behaviour of this cell: a gloo-only
+    group on torch < 2.9, without its fix in force."""
+    from packaging.version import Version
+
+    gloo = "gloo" in backend and "nccl" not in backend
+    return gloo and not fixed and torch_release(torch_version) < Version("2.9")
+
+
+def quirks_for(*, torch_version: str, backend: str, sharding: Sharding | None = None,
+               reduction_sums: bool | None = None, fixed: bool = False) -> list[str]:
+    """The backend and version quirks the reference models for a cell (``GLOO_AVG_SUMS``,
+    ``PER_USE_UPCAST``, ``REDUCE_NONE_FP32``).
+
+    The gloo AVG sum only where declared (``gloo_avg_declared``: ``fixed`` says its fix is in
+    force) and, where the cell measured it (``reduction_sums``, with its patch set installed:
+    ``harness.train.probe.reduction_sums``), only if it really summed; a sum measured anywhere
+    else is not modelled (the judge records it as a finding)."""
     from packaging.version import Version
 
     quirks = []
-    gloo = "gloo" in backend and "nccl" not in backend
-    if gloo and (torch_release(torch_version) < Version("2.9") if reduction_sums is None else reduction_sums):
+    if gloo_avg_declared(torch_version=torch_version, backend=backend, fixed=fixed) and reduction_sums is not False:
         quirks.append(GLOO_AVG_SUMS)
     if sharding is not None and _wider_reduce(sharding) and torch_release(torch_version) >= Version("2.15"):
         quirks.append(PER_USE_UPCAST)
@@ -77,12 +105,14 @@ def _wider_reduce(sharding: Sharding) -> bool:
     return compute is not None and reduce is not None and reduce.itemsize > compute.itemsize
 
 
-def run_reference(scenario: Scenario, world_size: int, *, quirks: list[str] | None = None) -> list[StepTensors]:
-    """Replay ``scenario`` at ``world_size`` ranks (its data-parallel ones) in this process."""
+def run_reference(scenario: Scenario, world_size: int, *, quirks: list[str] | None = None,
+                  observed: list[StepTensors] | None = None) -> list[StepTensors]:
+    """Replay ``scenario`` at ``world_size`` ranks (its data-parallel ones) in this process,
+    one step at a time from what FSDP2 produced (``observed``, see above), else on its own."""
     torch.manual_seed(MODEL_SEED)
     model = scenario.model()
     named = dict(model.named_parameters())
-    side = ReferenceSide(scenario, model, scenario.sharding.data_parallel(world_size), quirks or [])
+    side = ReferenceSide(scenario, model, scenario.sharding.data_parallel(world_size), quirks or [], observed)
     return recipe.train(scenario, side, named)
 
 
@@ -109,11 +139,18 @@ def _grads(loss: torch.Tensor, trainable: list[tuple[str, nn.Parameter]], upcast
     return [p.grad for _, p in trainable]
 
 
+def _usable(observed: torch.Tensor | None, own: torch.Tensor) -> bool:
+    """Whether FSDP2's tensor can stand in for the reference's own (same shape, finite: a NaN
+    on the FSDP side is the comparison's finding, not the reference's input)."""
+    return observed is not None and observed.shape == own.shape and bool(torch.isfinite(observed).all())
+
+
 class ReferenceSide:
     """The recipe's ``Side`` in one process: every rank replayed, grads averaged by hand."""
 
-    def __init__(self, scenario: Scenario, model: nn.Module, world_size: int, quirks: list[str]) -> None:
-        self.scenario, self.model, self.world_size = scenario, model, world_size
+    def __init__(self, scenario: Scenario, model: nn.Module, world_size: int, quirks: list[str],
+                 observed: list[StepTensors] | None = None) -> None:
+        self.scenario, self.model, self.world_size, self.observed = scenario, model, world_size, observed
         self.named = dict(model.named_parameters())
         self.divisor = world_size
         if GLOO_AVG_SUMS in quirks:  # gloo summed over the shard group; only HSDP's replicate dim averaged
@@ -122,6 +159,33 @@ class ReferenceSide:
         self.reduce_none_fp32 = REDUCE_NONE_FP32 in quirks
         #: per rank, the params with an unsharded grad in the current accumulation window
         self.window: list[set[str]] = [set() for _ in range(world_size)]
+
+    def begin_step(self, step: int) -> None:
+        """From step 1 on (with ``observed``): start from the params FSDP2 ended the last step with."""
+        if self.observed is None or step == 0 or step > len(self.observed):
+            return
+        with torch.no_grad():
+            for name, p in self.named.items():
+                o = self.observed[step - 1].params.get(name)
+                if _usable(o, p):
+                    p.copy_(o)
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, snap: StepTensors) -> None:
+        """Step with FSDP2's grads where both sides have one (``observed``); note each update's size."""
+        own = {name: p.grad for name, p in self.named.items()}
+        if self.observed is not None and snap.step < len(self.observed):
+            theirs = self.observed[snap.step]
+            fed = theirs.clipped if self.scenario.clip is not None else theirs.grads
+            for name, p in self.named.items():
+                o = fed.get(name)
+                if p.grad is not None and _usable(o, p):
+                    p.grad = o.to(p.grad.dtype).clone()
+        before = {name: p.detach().clone() for name, p in self.named.items()}
+        optimizer.step()
+        for name, p in self.named.items():
+            p.grad = own[name]
+            change = (p.detach() - before[name]).abs()
+            snap.update[name] = float(change.max()) if change.numel() else 0.0
 
     def micro_batch(self, step: int, k: int, micro_batch: MicroBatch) -> None:
         for name, g in self._mean_over_ranks(step, k, micro_batch.sync).items():

@@ -28,8 +28,11 @@ class StepTensors:
     clipped: dict[str, torch.Tensor | None] = field(default_factory=dict)
     params: dict[str, torch.Tensor] = field(default_factory=dict)
     opt_state: dict[str, bool] = field(default_factory=dict)
+    #: the reference only: the largest change the optimizer step made to each param
+    #: (``max |after - before|``): the scale its post-step param is judged on (``harness.train.compare``)
+    update: dict[str, float] = field(default_factory=dict)
     #: measured before training (FSDP2 side, first step only): whether FSDP2's reduction
-    #: over the shard group summed where it should average (``harness.train.fsdp.reduction_sums``);
+    #: over the shard group summed where it should average (``harness.train.probe.reduction_sums``);
     #: None where not measured
     reduction_sums: bool | None = None
     #: the collectives of every step (FSDP2 side, on the first snapshot only): ``harness.train.ledger.Ledger.rows()``

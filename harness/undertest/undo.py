@@ -65,19 +65,6 @@ class PatchUndo:
             out += [f"{label}.{k}" for k in now.keys() - attrs.keys()]
         return out
 
-    def changed_modules(self, *, ignore: str = "") -> set[str]:
-        """The modules where something changed since the snapshot (a class counts as its
-        module), leaving out those under ``ignore`` (a package) unchecked."""
-        out = set()
-        for label, obj, attrs in self._targets():
-            module = label if isinstance(obj, ModuleType) else obj.__module__
-            if ignore and (module == ignore or module.startswith(ignore + ".")):
-                continue
-            now = vars(obj)
-            if now.keys() != attrs.keys() or any(now.get(k, _MISSING) is not v for k, v in attrs.items()):
-                out.add(module)
-        return out
-
     def restore(self) -> None:
         for _, obj, attrs in self._targets():
             now = vars(obj)

@@ -1,0 +1,109 @@
+"""What torch keeps in containers rather than attributes, which a cell may leave changed:
+global module hooks (``register_module_forward_hook`` and its kin), default saved-tensor
+hooks (``saved_tensors_hooks`` entered and never left), the dynamo, inductor and functorch
+configs. Taken at a cell's start, named and (where cells share a process) put back after it
+(``harness.rank.leaks.CellState``)."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+__all__ = ["Registries"]
+
+_MISSING = object()
+
+
+#: config entries torch sets from a setting ``harness.rank.state`` names
+#: (``use_deterministic_algorithms`` sets inductor's ``deterministic``)
+_DERIVED_CONFIG = frozenset({"torch._inductor.config.deterministic"})
+
+#: the global module hook registries of ``torch.nn.modules.module`` (those this torch has)
+_HOOK_REGISTRIES = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
+                    "_global_backward_pre_hooks", "_global_forward_hooks_with_kwargs",
+                    "_global_forward_hooks_always_called", "_global_module_registration_hooks",
+                    "_global_parameter_registration_hooks", "_global_buffer_registration_hooks")
+#: config modules whose settings a cell may leave changed
+_CONFIGS = ("torch._dynamo.config", "torch._inductor.config", "torch._functorch.config")
+
+
+def _saved_tensor_hooks() -> Any:
+    """The default saved-tensor hooks on top of torch's stack (None: none in force)."""
+    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    try:
+        return top(False) if top is not None else None
+    except Exception:
+        return None
+
+
+def _config(name: str) -> dict[str, Any] | None:
+    module = sys.modules.get(name)
+    copy = getattr(module, "get_config_copy", None)
+    try:
+        return copy() if copy is not None else None
+    except Exception:
+        return None
+
+
+@dataclass
+class Registries:
+    """torch's global registries (see the module's docstring), at ``take()``."""
+
+    hooks: dict[str, dict[Any, Any]]
+    saved_tensor_hooks: Any
+    configs: dict[str, dict[str, Any] | None]
+
+    @classmethod
+    def take(cls) -> Registries:
+        module = sys.modules.get("torch.nn.modules.module")
+        hooks = {name: dict(getattr(module, name)) for name in _HOOK_REGISTRIES if isinstance(getattr(module, name, None), dict)}
+        return cls(hooks=hooks, saved_tensor_hooks=_saved_tensor_hooks(),
+                   configs={name: _config(name) for name in _CONFIGS})
+
+    def changes(self) -> list[str]:
+        """One caveat per registry that differs now ("left a global forward hook registered")."""
+        out: list[str] = []
+        module = sys.modules.get("torch.nn.modules.module")
+        for name, before in self.hooks.items():
+            added = len(getattr(module, name, {}).keys() - before.keys())
+            if added:
+                kind = name.removeprefix("_global_").removesuffix("s").replace("_", " ")
+                out.append(f"left {added} global module {kind}(s) registered ({name})")
+        if _saved_tensor_hooks() != self.saved_tensor_hooks:
+            out.append("left default saved-tensor hooks in force (saved_tensors_hooks entered, never exited)")
+        for name, before in self.configs.items():
+            now = _config(name)
+            if before is not None and now is not None and now != before:
+                keys = sorted(k for k in now.keys() | before.keys() if now.get(k, _MISSING) != before.get(k, _MISSING)
+                              and f"{name}.{k}" not in _DERIVED_CONFIG)
+                if not keys:
+                    continue
+                out.append(f"left {name} changed: {', '.join(keys[:5])}" + (" ..." if len(keys) > 5 else ""))
+        return out
+
+    def restore(self) -> None:
+        """Put the registries back (cells that share a process); what cannot be, stays named."""
+        module = sys.modules.get("torch.nn.modules.module")
+        for name, before in self.hooks.items():
+            registry = getattr(module, name, None)
+            if isinstance(registry, dict):
+                for key in list(registry.keys() - before.keys()):
+                    del registry[key]
+        pop = getattr(torch._C._autograd, "_pop_saved_tensors_default_hooks", None)
+        for _ in range(8):  # hooks entered by the cell sit on top of the stack
+            if pop is None or _saved_tensor_hooks() == self.saved_tensor_hooks:
+                break
+            try:
+                pop()
+            except Exception:
+                break
+        for name, before in self.configs.items():
+            module_cfg = sys.modules.get(name)
+            if before is not None and module_cfg is not None and _config(name) != before:
+                try:
+                    module_cfg.load_config(before)
+                except Exception:
+                    pass
