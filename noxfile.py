@@ -25,9 +25,15 @@ import nox
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 
-from harness.envs.install import torch_install_args  # noqa: E402
 from harness.envs.matrix import load_matrix  # noqa: E402
-from harness.envs.session import bytecode_env, harness_folder, matrix_file, records_folder, run_cell  # noqa: E402
+from harness.envs.session import (  # noqa: E402
+    bytecode_env,
+    harness_folder,
+    matrix_file,
+    matrix_installs,
+    records_folder,
+    run_cell,
+)
 
 nox.options.reuse_existing_virtualenvs = True
 
@@ -39,6 +45,7 @@ except ValueError as e:  # one line naming the field, exit 2 (not nox's tracebac
     raise SystemExit(2) from None
 TEST_TORCH = "2.13.0"
 RUNS = records_folder(ROOT, MATRIX_FILE)
+SENSITIVITY = ROOT / "runs" / "sensitivity"
 
 
 @nox.session(venv_backend="uv", reuse_venv=True)
@@ -101,15 +108,17 @@ def _posargs(session: nox.Session) -> list[str]:
 
 
 def _torch_env(session: nox.Session, torch: str, device: str) -> str:
-    """A uv venv for ``torch`` (shared with the matrix cell's, so it is usually there); its python."""
+    """A uv venv for ``torch`` (shared with the matrix cell's, so it is usually there) with what
+    the matrix session installs (the hf_ pack's transformers, ``install:`` entries); its python."""
     slug = torch.replace(".", "-")
     venv = ROOT / ".nox" / f"matrix-torch-{slug}-device-{device}"
     python = venv / "bin" / "python"
     if not python.exists():
         session.run("uv", "venv", "-q", "-p", "3.11", str(venv), external=True)
-    source = next((d.sources.get(torch) for d in MATRIX.devices if d.device == device), None)  # the pre-release lane
-    session.run("uv", "pip", "install", "-q", "-p", str(python),
-                *torch_install_args(torch, device, harness_folder(venv), source), external=True)
+    torch_args, hf, extra = matrix_installs(MATRIX, torch, device, harness_folder(venv))
+    for args in (torch_args, hf, [*torch_args, *extra] if extra else []):
+        if args:
+            session.run("uv", "pip", "install", "-q", "-p", str(python), *args, external=True)
     return str(python)
 
 
@@ -169,6 +178,50 @@ def shuffle(session: nox.Session) -> None:
     session.run("python", "-m", "harness", "diff", "--strict", str(folder / "planned.jsonl"),
                 str(folder / "shuffled.jsonl"), "--out", str(folder / f"diff-seed-{seed}.md"),
                 env={"PYTHONPATH": str(ROOT)})
+
+
+@nox.session
+def sensitivity(session: nox.Session) -> None:
+    """Faults injected on the FSDP2 side of every cell documented to pass (harness.train.faults): each
+    must become a mismatch naming every parameter it changed. Records in runs/sensitivity/ (nox -s
+    report adds their blind-spot table), the table in reports/blind-spots.md; exit 1 on a blind spot.
+    nox -s sensitivity [-- harness run options, e.g. --scenario plain --fault grad_rel]"""
+    _install_project(session, "hf")
+    session.install("pandas", "tabulate", "jinja2")
+    out = SENSITIVITY / f"torch-{TEST_TORCH}.jsonl"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.unlink(missing_ok=True)  # records are appended
+    faults = [] if "--fault" in session.posargs else ["--fault", "all"]
+    session.run("python", "-m", "harness", "run", "--quiet", *faults, "--out", str(out), *session.posargs,
+                success_codes=[0, 1], env={"PYTHONPATH": str(ROOT)})  # a miss is the table's business
+    session.run("python", "-m", "harness", "blind-spots", str(out), "--out", str(ROOT / "reports" / "blind-spots.md"),
+                env={"PYTHONPATH": str(ROOT)})
+
+
+@nox.session
+def portability(session: nox.Session) -> None:
+    """The same verdicts on every CPU kernel set this machine offers (ATEN_CPU_CAPABILITY=default, avx2,
+    avx512 where the CPU has it) and with 1 and 2 intra-op threads per rank: the suite once per setting,
+    then harness diff --strict against the first (exit 1 on any verdict change). nox -s portability
+    [-- harness run options, e.g. --scenario hf_llama_compiled_block --world-size 1]"""
+    from harness.process.cpus import kernel_sets
+
+    _install_project(session, "hf")
+    session.install("pandas", "tabulate", "jinja2")
+    folder = ROOT / "runs" / "portability"
+    folder.mkdir(parents=True, exist_ok=True)
+    settings = [(isa, "1") for isa in kernel_sets()] + [(kernel_sets()[-1], "2")]
+    outs = []
+    for isa, threads in settings:
+        out = folder / f"{isa}-threads{threads}.jsonl"
+        out.unlink(missing_ok=True)
+        session.run("python", "-m", "harness", "run", "--quiet", "--out", str(out), *session.posargs,
+                    success_codes=[0, 1], env={"PYTHONPATH": str(ROOT), "ATEN_CPU_CAPABILITY": isa,
+                                               "OMP_NUM_THREADS": threads})
+        outs.append(out)
+    for out in outs[1:]:
+        session.run("python", "-m", "harness", "diff", "--strict", str(outs[0]), str(out), "--out",
+                    str(out.with_suffix(".diff.md")), env={"PYTHONPATH": str(ROOT)})
 
 
 @nox.session

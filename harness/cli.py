@@ -1,4 +1,4 @@
-"""Command line: ``python -m harness list|run|repro|report|diff|prerelease`` (or the ``fsdp-compat`` script).
+"""Command line: ``python -m harness list|run|repro|report|diff|prerelease|blind-spots`` (or ``fsdp-compat``).
 
 This module owns all argument parsing; the commands call plain functions. Bad input
 (unknown scenario, unsupported world size, bad device, missing patches module) gets one
@@ -11,17 +11,16 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
-import math
-import shlex
 import signal
 import sys
 from functools import partial
 from pathlib import Path
 
 from harness import console
+from harness.options import parse_mapping, positive, seconds
 from harness.results.record import RecordError
 from harness.undertest.locations import caller_folder_importable
-from harness.vocabulary import ISOLATIONS, VARIANTS
+from harness.vocabulary import FAULT_NAMES, ISOLATIONS, VARIANTS
 
 __all__ = ["main"]
 
@@ -43,36 +42,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 class _Parser(argparse.ArgumentParser):
-    """Usage mistakes are one line on stderr and exit 2, like every other bad input."""
+    """Usage mistakes: one line on stderr, exit 2."""
 
     def error(self, message: str):  # type: ignore[override]
         self.exit(EXIT_USAGE, f"error: {self.prog.split()[-1]}: {message}\n")
 
 
-def seconds(text: str) -> float:
-    """A timeout: a finite number of seconds > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text!r}")
-    return value
-
-
-def positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return value
-
-
 def _scenario_options() -> argparse.ArgumentParser:
-    p = _Parser(add_help=False)
-    p.add_argument("--scenarios-dir", action="append", default=[], help="extra folder of scenario files")
+    (p := _Parser(add_help=False)).add_argument("--scenarios-dir", action="append", default=[],
+                                                help="extra folder of scenario files")
     return p
 
 
@@ -117,10 +95,16 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--init", choices=["full", "meta"], default="full",
                      help="meta: build every model on the meta device, shard, to_empty, reset_parameters (with "
                           "meta_init_full_rng on CPU); a model that cannot be built so is skipped with the reason")
+    run.add_argument("--fault", action="append", default=[], choices=[*FAULT_NAMES, "all"],
+                     help="inject a fault on the FSDP2 side of every cell documented to pass (repeatable; all: each "
+                          "in turn): each must become a mismatch naming every parameter it changed")
     run.add_argument("--dump", default=None, help="save each judged cell's observed tensors in this folder")
     run.add_argument("--expect-torch", default=None, metavar="X.Y.Z",
                      help="stop (exit 2) unless the installed torch is this release")
     run.add_argument("--quiet", action="store_true", help="no progress lines")
+    run.add_argument("--allow-missing", action="store_true",
+                     help="a local run: cells skipped for lack of a package or GPUs do not make the exit code 1 "
+                          "(they stay not as documented in the records)")
     node = run.add_argument_group("multi-node (passed to torchrun; run the same command on every node)")
     node.add_argument("--nnodes", type=int, default=1)
     node.add_argument("--node-rank", type=int, default=0)
@@ -155,17 +139,13 @@ def _parser() -> argparse.ArgumentParser:
     pre.add_argument("--records", nargs="+", action="extend", metavar="PATH", help=".jsonl files or folders (default: runs)")
     pre.add_argument("--out", default=None, metavar="FILE", help="also write the Markdown here (empty: no pre-release)")
     pre.set_defaults(func=_cmd_prerelease)
+
+    bs = sub.add_parser("blind-spots", help="what faults injected by run --fault went unnoticed, per scenario; "
+                                            "exit 1 if any")
+    bs.add_argument("records", nargs="+", help=".jsonl files or folders of runs with --fault")
+    bs.add_argument("--out", default=None, metavar="FILE", help="also write the Markdown here")
+    bs.set_defaults(func=lambda args: _record_commands().blind_spots(args.records, out=args.out))
     return p
-
-
-def parse_mapping(items: list[str]) -> dict[str, str]:
-    mapping = {}
-    for item in items:
-        name, sep, func = item.partition("=")
-        if not sep or not name or not func:
-            raise ValueError(f"--patch-map expects NAME=FUNCTION, got {item!r}")
-        mapping[name] = func
-    return mapping
 
 
 # --------------------------------------------------------------------------- commands
@@ -204,6 +184,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         patch_mapping=parse_mapping(args.patch_map), timeout_s=args.timeout, scenario_dirs=args.scenarios_dir,
         isolate=args.isolate, per=args.launch_per, dump=Path(args.dump) if args.dump else None,
         expect_torch=args.expect_torch, shuffle=args.shuffle, init=args.init,
+        faults=list(FAULT_NAMES) if "all" in args.fault else list(dict.fromkeys(args.fault)),
         run_id=run_id, out=Path(args.out) if args.out else Path("runs") / f"{run_id}.jsonl",
         nnodes=args.nnodes, node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint,
     )
@@ -227,7 +208,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(f"\ninterrupted by {name}: {len(result.records)} cells recorded, {len(result.not_run)} not run; "
               f"every process of the run has ended", flush=True)
         return 128 + result.signal
-    return EXIT_UNEXPECTED if any(not r.as_expected for r in result.records) else 0
+    missing = [r for r in result.records if r.status == "skip" and r.missing]
+    if missing:
+        lacked = ", ".join(sorted({r.missing or "" for r in missing}))
+        print(f"{len(missing)} cells not run for lack of {lacked}" + (" (--allow-missing: not counted)"
+              if args.allow_missing else ": not as documented (--allow-missing for a local run)"))
+    counted = [r for r in result.records if not (args.allow_missing and r in missing)]
+    return EXIT_UNEXPECTED if any(not r.as_expected for r in counted) else 0
 
 
 def _cmd_repro(args: argparse.Namespace) -> int:
@@ -240,7 +227,7 @@ def _cmd_repro(args: argparse.Namespace) -> int:
     rec = repro(req)
     if req.export is not None:
         print(f"wrote {req.export} (needs only torch): {launch_hint(req.export, rec.world_size)}")
-    print(format_report(rec, rerun=_rerun_command(args, rec.world_size)))
+    print(format_report(rec, rerun=console.rerun_command(args, rec.world_size)))
     return 0 if rec.as_expected else EXIT_UNEXPECTED
 
 
@@ -273,9 +260,9 @@ def _record_commands():
 
 
 class _Interrupted(Exception):
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
+    @property
+    def signum(self) -> int:
+        return self.args[0]
 
 
 def _interruptible(handler=None) -> contextlib.AbstractContextManager[None]:
@@ -286,15 +273,3 @@ def _interruptible(handler=None) -> contextlib.AbstractContextManager[None]:
         raise _Interrupted(signum)
 
     return on_stop_signals(handler or stop)
-
-
-def _rerun_command(args: argparse.Namespace, world: int) -> str:
-    parts = [sys.executable, "-m", "harness", "repro", args.scenario, "--world-size", str(world),
-             "--variant", args.variant, "--device", args.device]
-    if args.variant != "vanilla" or args.patches != "fsdp_patches":
-        parts += ["--patches", args.patches]
-    for item in args.patch_map:
-        parts += ["--patch-map", item]
-    for d in args.scenarios_dir:
-        parts += ["--scenarios-dir", d]
-    return " ".join(shlex.quote(p) for p in parts)

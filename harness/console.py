@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import shlex
+import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from harness.results.record import Record
 
-__all__ = ["Progress", "print_summary", "say_start"]
+__all__ = ["Progress", "print_summary", "rerun_command", "say_start"]
 
 
 def say_start(n_cells: int, out: Path, *, shuffle: int | None = None) -> None:
@@ -39,6 +42,8 @@ def print_summary(records: list[Record], *, shuffle: int | None = None) -> None:
     print(f"\n{header}\n{'-' * len(header)}")
     for r in sorted(records, key=lambda r: (r.scenario, r.variant != "vanilla", r.device, r.world_size)):
         detail = r.exc_msg or (f"max|diff| {r.max_abs_diff:.2e} at {r.worst}" if r.max_abs_diff is not None else "")
+        if r.fault:
+            detail = f"fault {r.fault}: " + (f"missed {', '.join(r.fault_missed)}" if r.fault_missed else detail)
         print(f"{r.scenario:<30} {r.variant:<8} {r.device:<6} {r.world_size:>2}  {r.status:<8} "
               f"{'|'.join(r.expected):<16} {'yes' if r.as_expected else 'NO':<3} {(detail or r.reason or '')[:100]}")
     counts: dict[str, int] = {}
@@ -46,3 +51,16 @@ def print_summary(records: list[Record], *, shuffle: int | None = None) -> None:
         counts[r.status] = counts.get(r.status, 0) + 1
     summary = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
     print(f"\n{len(records)} cells: {summary}; {sum(not r.as_expected for r in records)} not as expected", flush=True)
+
+
+def rerun_command(args: Any, world: int) -> str:
+    """The command that reproduces a ``repro`` cell (its parsed arguments) at ``world`` ranks."""
+    parts = [sys.executable, "-m", "harness", "repro", args.scenario, "--world-size", str(world),
+             "--variant", args.variant, "--device", args.device]
+    if args.variant != "vanilla" or args.patches != "fsdp_patches":
+        parts += ["--patches", args.patches]
+    for item in args.patch_map:
+        parts += ["--patch-map", item]
+    for d in args.scenarios_dir:
+        parts += ["--scenarios-dir", d]
+    return " ".join(shlex.quote(p) for p in parts)

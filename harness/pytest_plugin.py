@@ -67,7 +67,7 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list) -> None:
     if not config.getoption("fsdp_compat"):
         return
-    from harness.cli import parse_mapping
+    from harness.options import parse_mapping
     from harness.plan.cells import all_patch_names, plan_cells
     from harness.scenario.load import load_scenarios, select
     from harness.undertest.source import check_patch_names, deployed_patches, locate

@@ -38,10 +38,12 @@ __all__ = [
     "VERDICTS",
     "FAILING",
     "INSTALL_STATUSES",
+    "FAULT_NAMES",
     "ISOLATIONS",
     "STATUSES",
     "VARIANTS",
     "format_statuses",
+    "match_for",
     "parse_statuses",
 ]
 
@@ -57,6 +59,8 @@ Variant = Literal["vanilla", "patched", "deployed", "api"]
 VARIANTS: tuple[str, ...] = get_args(Variant)
 Device = Literal["cpu", "cuda"]
 DEVICES: tuple[str, ...] = get_args(Device)
+#: The faults ``run --fault`` injects on the FSDP2 side (``harness.train.faults``).
+FAULT_NAMES: tuple[str, ...] = ("grad_rel", "sign_flip", "drop_micro_batch", "double_rank")
 #: How cells are kept apart (``harness.plan.placement``), the default first.
 ISOLATIONS: tuple[str, ...] = ("snapshot", "fork", "process")
 #: What a patch's install function may report.
@@ -109,3 +113,9 @@ def parse_statuses(text: str | tuple[str, ...] | list[str]) -> tuple[str, ...]:
 def format_statuses(statuses: tuple[str, ...] | list[str]) -> str:
     """The inverse of ``parse_statuses``: ``("hang", "crash")`` -> ``"hang|crash"``."""
     return "|".join(statuses)
+
+
+def match_for(match: str | dict[str, str] | None, status: str) -> str | None:
+    """The text a failure with ``status`` must contain: ``match`` is one text for every status,
+    or a text per status (``{"error": "...", "hang": "..."}``)."""
+    return match.get(status) if isinstance(match, dict) else match

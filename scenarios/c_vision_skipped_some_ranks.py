@@ -12,6 +12,8 @@ SCENARIO = SKIPPED_EVERYWHERE.replace(
     forward=lambda model, x, ctx: mean_square(model(x, with_image=ctx.rank % 2 == 0)),
     world_sizes=(2,),
     timeout_s=3,  # the patched variant's documented outcome is a hang: do not wait longer than needed
-    expect=(Expect(status="error|hang|crash|mismatch", variants=("vanilla", "patched"),
+    expect=(Expect(status="error", torch="<2.15", variants=("vanilla",), devices=("cpu",), match="_unsharded_param",
+                   why="C's error comes first on the rank that skipped the tower (its post-backward)"),
+            Expect(status="hang", variants=("vanilla", "patched"), match="did not arrive",
                    why="forward all-gathers desync: no patch can fix this"),),
 )

@@ -14,7 +14,7 @@ small; measured, no upstream issue found).
 """
 
 
-from harness.spec import Expect, PublicApi, Scenario, Sharding, accumulate
+from harness.spec import Expect, PublicApi, Scenario, Sharding, accumulate, grads_scaled
 from scenarios._models import MLP, randn_batch
 
 GRAD_SCALE = 0.25
@@ -39,5 +39,6 @@ SCENARIO = Scenario(
     expect=(Expect(status="error", devices=("cuda",), match="Expected all tensors to be on the same device",
                    fixed_by="scale_grads"),
             Expect(status="mismatch", torch=">=2.10", variants=("api",), world_sizes=(1,),
+                   symptom=grads_scaled(GRAD_SCALE),
                    why="one rank, forced sum and a divide factor: torch divides by the factor twice"),),
 )

@@ -11,7 +11,7 @@ itself for every gloo reduction on 2.7 and 2.8; the public API
 it does not recurse) does the same for one model (the ``api`` variant).
 """
 
-from harness.spec import Expect, PublicApi, Scenario
+from harness.spec import Expect, PublicApi, Scenario, grads_scaled
 from scenarios._models import MLP, randn_batch
 
 FORCE_SUM_API = PublicApi(name="FSDPModule.set_force_sum_reduction_for_comms", since="2.8", replaces=("gloo_reduce_scatter_avg",),
@@ -28,5 +28,6 @@ SCENARIO = Scenario(
     patches=("gloo_reduce_scatter_avg",),
     expect=(Expect(status="mismatch", torch="<2.9", variants=("vanilla",), devices=("cpu",),
                    upstream="pytorch/pytorch#162338", fixed_by="gloo_reduce_scatter_avg",
+                   symptom=grads_scaled("world_size"),
                    why="gloo sums where FSDP2 asks for ReduceOp.AVG: grads come out world-size times too large"),),
 )

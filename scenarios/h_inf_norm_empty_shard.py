@@ -28,5 +28,6 @@ SCENARIO = Scenario(
     world_sizes=(2, 4),
     patches=("clip_grad_norm",),
     timeout_s=20,
-    expect=(Expect(status="error|hang|crash", match="cannot compute the inf", fixed_by="clip_grad_norm"),),
+    expect=(Expect(status="error", match="cannot compute the inf", fixed_by="clip_grad_norm",
+                   why="the rank with the empty shard raises; its error is blamed, not the others' wait"),),
 )

@@ -16,7 +16,7 @@ from harness.rank import cell as cell_mod
 from harness.rank import peers
 from harness.rank.cell import CellRun
 from harness.rank.watchdog import Watchdog
-from harness.results.record import load_records
+from harness.results.reading import load_records
 from harness.spec import Scenario
 from scenarios._models import MLP, randn_batch
 from tests.support import ROOT
@@ -83,6 +83,8 @@ def test_world_size_1_skip_is_recorded_and_the_launch_goes_on(make_run):
     [rec] = _records(run)
     assert (rec.cell, rec.launch_id, rec.run_id, rec.scenario, rec.status) == (0, "L3", "r1", "needs_pkg", "skip")
     assert "needs the Python package(s) no_such_package_fsdp_compat" in rec.reason
+    # the scenario does not declare the lack of a package: not as documented, whatever the status
+    assert rec.missing == "Python package(s) no_such_package_fsdp_compat" and not rec.as_expected
     assert run.store.check([_keys(0).recorded]) and not run.store.check([_keys(0).abandoned])
     assert json.loads(run.store.get(_keys(0).status(0)))["ok"] is True
     assert read_phase(run.plan.phase_file(0)) == "idle"

@@ -50,3 +50,13 @@ print(core, sorted(os.sched_getaffinity(0)), [sorted(s) for s in seen])
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split(None, 1) == [str(two[1]), f"[{two[1]}] {[[two[1]], [two[1]]]}\n"]
+
+
+def test_the_kernel_sets_a_cpu_can_run_come_from_its_flags():
+    from harness.process.cpus import kernel_sets
+
+    assert kernel_sets(set()) == ["default"]
+    assert kernel_sets({"sse4_2", "avx2", "fma"}) == ["default", "avx2"]
+    assert kernel_sets({"avx2", "avx512f", "avx512bw", "avx512vl", "avx512dq"}) == ["default", "avx2", "avx512"]
+    assert kernel_sets({"avx2", "avx512f"}) == ["default", "avx2"]  # avx512 kernels need bw, vl and dq too
+    assert kernel_sets()[0] == "default"  # this machine

@@ -24,3 +24,19 @@ def test_pieces_round_trip_through_one_buffer(dtype):
             continue
         assert back[name][:3] == piece[:3]
         assert back[name][3].dtype == dtype and torch.equal(back[name][3], piece[3]), name
+
+
+def test_replicas_that_disagree_are_reported_not_overwritten():
+    """HSDP: ranks 0 and 2 hold the same rows (replicas), as do 1 and 3. Equal replicas assemble
+    silently; where one differs, the largest difference is named for that tensor."""
+    from harness.train.gather import _assemble
+
+    rows = torch.arange(8.0).reshape(4, 2)
+    piece = {0: rows[:2], 1: rows[2:], 2: rows[:2].clone(), 3: rows[2:].clone()}
+    per_rank = [{"w": ((4, 2), torch.float32, (0 if r % 2 == 0 else 2, 0), piece[r])} for r in range(4)]
+    full, inconsistent, diverged = {}, {}, {}
+    _assemble(["w"], per_rank, full, inconsistent, diverged)
+    assert torch.equal(full["w"], rows) and diverged == {} and inconsistent == {}
+    per_rank[3]["w"][3][1, 0] += 0.25  # rank 3's replica of rows 2-3 drifted
+    _assemble(["w"], per_rank, full, inconsistent, diverged)
+    assert diverged == {"w": 0.25}

@@ -6,7 +6,8 @@ import json
 import pytest
 
 from harness.plan.cells import Cell
-from harness.results.record import SCHEMA, Record, RecordError, append, finish, load_records, new_record
+from harness.results.reading import load_records
+from harness.results.record import SCHEMA, Record, RecordError, append, finish, new_record
 
 
 def _cell(**kw):

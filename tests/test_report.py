@@ -12,7 +12,8 @@ import pytest
 
 from harness.cli import main as cli_main
 from harness.results.decisions import lifecycle, version_ranges
-from harness.results.record import RecordError, load_records
+from harness.results.reading import load_records
+from harness.results.record import RecordError
 from harness.results.report import build_report
 from harness.results.safe import read_report_csv
 from harness.results.tables import LONG_COLUMNS, build_tables, latest_records, records_frame, torch_sort_key

@@ -229,3 +229,26 @@ def test_the_warm_up_imports_what_a_launch_imports(tmp_path):
     written = {p.name for p in (folder / "pycache").rglob("*.pyc")}
     for module in ("worker", "_fully_shard", "eval_frame", "modeling_llama"):
         assert any(name.startswith(module + ".") for name in written), module
+
+
+@pytest.mark.parametrize("named", [False, True])
+def test_a_cuda_session_without_a_gpu_is_an_error_when_named_and_left_out_of_the_whole_matrix(tmp_path, monkeypatch,
+                                                                                                named):
+    """The GPU workflow names each cuda session: on a runner without a GPU that must fail, not
+    pass as skipped. ``nox -s matrix`` on a laptop leaves the cuda sessions out with the reason."""
+    from harness.envs import session as sessions
+    from harness.envs.matrix import load_matrix
+
+    name = "matrix(torch='2.15.0', device='cuda')"
+    monkeypatch.setattr(sessions, "gpu_visible", lambda: False)
+    monkeypatch.setattr(sys, "argv", ["nox", "-s", name if named else "matrix"])
+    rec = Recorder(tmp_path / "venv")
+    rec.name = name
+    matrix = load_matrix(ROOT / "matrix.yaml")
+    if named:
+        with pytest.raises(AssertionError, match="no GPU visible .*: this cuda session cannot run here"):
+            sessions.run_cell(rec, matrix, "2.15.0", "cuda", root=ROOT, runs=tmp_path / "runs")
+    else:
+        with pytest.raises(pytest.skip.Exception, match="named on the command line is an error instead"):
+            sessions.run_cell(rec, matrix, "2.15.0", "cuda", root=ROOT, runs=tmp_path / "runs")
+    assert rec.installs == [] and rec.runs == []

@@ -44,7 +44,8 @@ def test_expected_picks_first_matching_range(version, expected):
 
 
 def test_expect_filters_device_and_world_size():
-    s = _scenario(expect=(Expect(status="hang|crash", devices=("cuda",), world_sizes=(2,)),))
+    s = _scenario(expect=(Expect(status="hang|crash", devices=("cuda",), world_sizes=(2,),
+                                 match={"hang": "no result", "crash": "died"}),))
     assert s.expected(variant="vanilla", torch_version="2.13.0", device="cuda", world_size=2).status == ("hang", "crash")
     assert s.expected(variant="vanilla", torch_version="2.13.0", device="cpu", world_size=2).status == ("pass",)
     assert s.expected(variant="vanilla", torch_version="2.13.0", device="cuda", world_size=4).status == ("pass",)
@@ -97,3 +98,34 @@ def test_batches_move_as_dicts_and_only_floats_are_cast():
     batch = {"input_ids": t.ones(2, 3, dtype=t.long), "pixel_values": t.ones(2, 3)}
     moved = move_batch(batch, "cpu", t.bfloat16)
     assert moved["input_ids"].dtype == t.long and moved["pixel_values"].dtype == t.bfloat16
+
+
+def test_an_expectation_with_several_statuses_names_a_text_for_each():
+    with pytest.raises(ValueError, match=r"give a match per status, e.g. match=\{'error': ..., 'hang': ...\}"):
+        Expect(status="error|hang", match="boom")
+    with pytest.raises(ValueError, match="a status it does not expect"):
+        Expect(status="error|hang", match={"error": "boom", "hang": "no result", "crash": "died"})
+    assert Expect(status="error|hang", match={"error": "boom", "hang": "no result"}).match["hang"] == "no result"
+
+
+def test_a_documented_mismatch_names_its_symptom():
+    from harness.spec import grads_scaled
+
+    with pytest.raises(ValueError, match=r"Expect\(mismatch\): name the symptom"):
+        Expect(status="mismatch")
+    Expect(status="mismatch", match="presence")
+    Expect(status="mismatch", symptom=grads_scaled("world_size"))
+
+
+def test_a_failure_without_its_text_or_symptom_is_not_as_documented():
+    from tests.support import make_record
+
+    per_status = {"error": "uniform gradient dtype", "hang": "no result"}
+    ok = make_record(status="hang", expected="error|hang", expected_match=per_status, exc_msg="no result within 3 s")
+    assert ok.outcome_matches()
+    wrong = make_record(status="error", expected="error|hang", expected_match=per_status,
+                        exc_msg="ImportError: No module named transformers")
+    assert not wrong.outcome_matches()
+    silent = make_record(status="mismatch", expected="mismatch", symptom_seen=False, symptom="also differs: w")
+    assert not silent.outcome_matches()
+    assert make_record(status="mismatch", expected="mismatch", symptom_seen=True, symptom="seen").outcome_matches()

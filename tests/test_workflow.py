@@ -66,13 +66,14 @@ def _fake_nox(tmp_path):
     return bin_dir
 
 
-def _run_summary_step(tmp_path, *, timeout):
-    """The workflow's summary step in ``tmp_path`` with a stand-in nox; (its result, the summary file)."""
+def _run_summary_step(tmp_path, *, timeout, worse=False):
+    """The workflow's summary step in ``tmp_path`` with a stand-in nox; (its result, the summary file).
+    It fails exactly when the matrix got worse since the last successful run (``worse``)."""
     summary = tmp_path / "summary.md"
     env = {**os.environ, "GITHUB_STEP_SUMMARY": str(summary), "PATH": f"{_fake_nox(tmp_path)}:{os.environ['PATH']}"}
     res = subprocess.run(["bash", "-ec", _summary_step()], cwd=tmp_path, env=env, capture_output=True, text=True,
                          timeout=timeout)
-    assert res.returncode == 0, res.stderr
+    assert res.returncode == (1 if worse else 0), res.stderr
     return res, summary
 
 
@@ -85,11 +86,11 @@ def test_the_summary_puts_what_changed_since_the_last_run_first(tmp_path, worse)
     new_cell = _cell("2.14.1", "error", "mismatch") if worse else _cell("2.14.1", "pass")
     build_report([_run(tmp_path, "runs/matrix", new_cell)], tmp_path / "reports")
     assert old["csv"] == tmp_path / "previous" / "compat.csv"
-    res, summary = _run_summary_step(tmp_path, timeout=120)
+    res, summary = _run_summary_step(tmp_path, timeout=120, worse=worse)
     text = summary.read_text()
     assert text.startswith("## Changes:")
     assert text.index("## Changes:") < text.index((tmp_path / "reports" / "compat.md").read_text().splitlines()[0])
-    assert ("::warning::" in res.stdout) == worse
+    assert ("::error::the GPU matrix got worse" in res.stdout) == worse
     assert ("### Got worse" in text) == worse and ("### Newly fixed upstream" in text) != worse
 
 
@@ -114,7 +115,7 @@ def test_the_summary_puts_the_prerelease_lane_first_when_the_records_have_one(tm
         rec["env"] = {"torch_source": "find-links ./rc-wheels; pre-releases allowed"}
     records = _run(tmp_path, "runs/matrix", [*_cell("2.14.1", "error"), *_cell("2.15.0", "error"), *candidate])
     build_report([records], tmp_path / "reports")
-    res, summary = _run_summary_step(tmp_path, timeout=120)
+    res, summary = _run_summary_step(tmp_path, timeout=120)  # a candidate that got worse warns; it does not fail
     text = summary.read_text()
     assert text.startswith("# Pre-release lane\n")
     lane = text.split("## Changes: previous/compat.csv")[0]

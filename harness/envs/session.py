@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from harness.envs.install import torch_install_args
 from harness.envs.matrix import Matrix
 from harness.results.machine import TORCH_SOURCE_ENV
 
-__all__ = ["MATRIX_ENV", "bytecode_env", "gpu_visible", "harness_folder", "matrix_file", "prefetch_next",
+__all__ = ["MATRIX_ENV", "bytecode_env", "gpu_visible", "harness_folder", "matrix_file", "matrix_installs", "prefetch_next",
            "records_folder", "run_cell", "session_args", "without_config", "write_bytecode"]
 
 MATRIX_ENV = "FSDP_COMPAT_MATRIX"
@@ -90,9 +91,10 @@ def harness_folder(venv: Path) -> Path:
     return venv / ".fsdp-compat"
 
 
-def _installs(matrix: Matrix, torch: str, device: str, folder: Path) -> tuple[list[str], list[str], list[str]]:
+def matrix_installs(matrix: Matrix, torch: str, device: str, folder: Path) -> tuple[list[str], list[str], list[str]]:
     """What a matrix session installs for (``torch``, ``device``): torch's arguments (their
-    files in ``folder``), the hf_ pack's transformers, the matrix's ``install`` entries."""
+    files in ``folder``), the hf_ pack's transformers, the matrix's ``install`` entries (each
+    resolved with torch's arguments again, so torch stays as it is)."""
     transformers = matrix.transformers_for(torch)
     return (torch_install_args(torch, device, folder, matrix.source(torch, device)),
             [f"transformers=={transformers}"] if transformers else [], list(matrix.install_for(torch) or []))
@@ -139,7 +141,7 @@ def prefetch_next(session: Any, matrix: Matrix, *, after: tuple[str, str]) -> An
         return None
 
     def args(folder: Path) -> list[str]:
-        return [arg for part in _installs(matrix, torch, device, folder) for arg in part]
+        return [arg for part in matrix_installs(matrix, torch, device, folder) for arg in part]
 
     envdir = Path(session.virtualenv.location).parent
     python = str(Path(session.virtualenv.location) / "bin" / "python")
@@ -162,10 +164,13 @@ def run_cell(session: Any, matrix: Matrix, torch: str, device: str, *, root: Pat
         session.error(str(e))
     dev = matrix.device(device)
     if device == "cuda" and not gpu_visible():
-        session.skip("no GPU visible on this machine (nvidia-smi finds none)")
+        why = "no GPU visible on this machine (nvidia-smi finds none)"
+        if getattr(session, "name", None) in sys.argv:  # asked for by name (the GPU workflow): it must run
+            session.error(f"{why}: this cuda session cannot run here")
+        session.skip(f"{why}; a cuda session named on the command line is an error instead")
     source = matrix.source(torch, device)
     own = harness_folder(Path(session.virtualenv.location))
-    torch_args, hf, extra = _installs(matrix, torch, device, own)
+    torch_args, hf, extra = matrix_installs(matrix, torch, device, own)
     try:
         session.install(*torch_args)
     except CommandFailed:

@@ -139,7 +139,8 @@ def _skip_without_gpus(group: list[Cell], opts: LaunchOptions, result: RunResult
         if reason is None:
             keep.append(cell)
         else:
-            _accept(_outside(cell, opts, "skip", time.time(), None, reason=reason), result, opts)
+            _accept(_outside(cell, opts, "skip", time.time(), None, reason=reason, missing=f"{cell.world_size} GPUs"),
+                    result, opts)
     return keep
 
 

@@ -34,6 +34,8 @@ class RunRequest:
     timeout_s: float | None = None
     scenario_dirs: list[str] = field(default_factory=list)
     isolate: str = "snapshot"
+    #: faults to inject (``harness.train.faults``): each plans the cells documented to pass once more
+    faults: list[str] = field(default_factory=list)
     #: "device": one launch per device (smaller world sizes on slots); "world-size": one per size
     per: str = "device"
     dump: Path | None = None
@@ -67,9 +69,12 @@ def run(req: RunRequest, *, on_start: Callable[[int, Path], None] | None = None,
     vocabulary = all_patch_names(list(library.scenarios.values()))
     for warning in near_misses(source, vocabulary, req.patch_mapping) if on_warning else []:
         on_warning(warning)
-    cells = plan_cells(chosen, world_sizes=req.world_sizes or None, devices=req.devices, variants=req.variants,
-                       explicit_scenarios=bool(req.scenarios), timeout_s=req.timeout_s,
-                       deployed_patches=deployed_patches(vocabulary, source, req.patch_mapping), init=req.init)
+    cells = [c for fault in req.faults or [None] for c in plan_cells(
+        chosen, world_sizes=req.world_sizes or None, devices=req.devices, variants=req.variants,
+        explicit_scenarios=bool(req.scenarios), timeout_s=req.timeout_s, fault=fault,
+        deployed_patches=deployed_patches(vocabulary, source, req.patch_mapping), init=req.init)]
+    for i, c in enumerate(cells):
+        c.index = i
     if not cells and not broken:
         raise ValueError("nothing to run: no scenario supports the chosen world sizes and devices")
     for ws in req.world_sizes if chosen else []:

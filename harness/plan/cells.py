@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from harness.scenario.spec import Scenario
-from harness.vocabulary import DEVICES, VARIANTS
+from harness.vocabulary import DEVICES, FAULT_NAMES, VARIANTS
 
 #: per-cell timeout when neither the scenario nor the run sets one
 DEFAULT_TIMEOUT_S = 30.0
@@ -37,7 +37,7 @@ class Cell:
     #: whether the scenario's bug can show on this device at all
     bug_observable: bool = True
     expected: tuple[str, ...] = ("pass",)
-    expected_match: str | None = None
+    expected_match: str | dict[str, str] | None = None
     why: str = ""
     #: the patch that fixes the documented failure, and the upstream issue of one no patch fixes
     fixed_by: str | None = None
@@ -47,6 +47,10 @@ class Cell:
     api_replaces: tuple[str, ...] = ()
     #: "meta": built on the meta device (``run --init meta``, ``harness.train.meta_init``)
     init: str = "full"
+    #: a fault injected on the FSDP2 side (``run --fault``, ``harness.train.faults``): the cell must
+    #: turn into a mismatch that names every parameter the fault changed
+    fault: str | None = None
+
     @property
     def label(self) -> str:
         return f"{self.scenario}[{self.variant},{self.device},w{self.world_size}]"
@@ -88,6 +92,7 @@ def plan_cells(
     deployed_patches: tuple[str, ...] = (),
     torch_version: str | None = None,
     init: str = "full",
+    fault: str | None = None,
 ) -> list[Cell]:
     """Every supported (scenario, variant, device, world size) combination, in order.
 
@@ -103,6 +108,9 @@ def plan_cells(
 
     ``init="meta"`` builds every model on the meta device; on CPU every variant also
     installs ``META_WORKAROUND`` (bug N's fix), without which no scenario's own verdict shows.
+
+    ``fault`` (``harness.train.faults``) plans only the cells documented to pass, each expected
+    to become a mismatch that names what the fault changed.
     """
     for d in devices:
         if d not in DEVICES:
@@ -115,6 +123,8 @@ def plan_cells(
             raise ValueError(f"world size must be a positive integer, got {ws}")
     if init not in ("full", "meta"):
         raise ValueError(f"unknown init {init!r} (choose from full, meta)")
+    if fault is not None and fault not in FAULT_NAMES:
+        raise ValueError(f"unknown fault {fault!r} (choose from {', '.join(FAULT_NAMES)})")
     version = torch_version or _torch_version()
     cells: list[Cell] = []
     for s in scenarios:
@@ -128,6 +138,8 @@ def plan_cells(
                     if (v == "patched" and not s.patches) or (v == "api" and s.api is None):
                         continue
                     expect = s.expected(variant=v, torch_version=version, device=d, world_size=ws)
+                    if fault is not None and expect.status != ("pass",):
+                        continue
                     installs = {"patched": tuple(s.patches), "deployed": deployed_patches,
                                 # the API replaces its patches; the scenario's others stay
                                 "api": tuple(p for p in s.patches if s.api and p not in s.api.replaces)}.get(v, ())
@@ -142,8 +154,10 @@ def plan_cells(
                         expected=expect.status, expected_match=expect.match, why=expect.why,  # type: ignore[arg-type]
                         fixed_by=expect.fixed_by, upstream=expect.upstream,
                         api=s.api.describe() if s.api else None, api_replaces=s.api.replaces if s.api else (),
-                        init="meta" if meta or s.sharding.init == "meta" else "full",
+                        init="meta" if meta or s.sharding.init == "meta" else "full", fault=fault,
                     ))
+                    if fault is not None:
+                        cells[-1].expected, cells[-1].why = ("mismatch",), f"fault injected: {fault}"
     return cells
 
 

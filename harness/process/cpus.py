@@ -12,7 +12,22 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["pin_rank", "rank_core"]
+__all__ = ["kernel_sets", "pin_rank", "rank_core"]
+
+#: ``ATEN_CPU_CAPABILITY`` values (the CPU kernel set torch dispatches to) and the cpuinfo flags each needs
+_KERNEL_SETS = (("default", ()), ("avx2", ("avx2",)), ("avx512", ("avx512f", "avx512bw", "avx512vl", "avx512dq")))
+
+
+def kernel_sets(flags: set[str] | None = None) -> list[str]:
+    """The CPU kernel sets this CPU can run, simplest first (``ATEN_CPU_CAPABILITY`` picks one;
+    the portability check runs the suite under each): read from ``/proc/cpuinfo``'s flags."""
+    if flags is None:
+        try:
+            with open("/proc/cpuinfo") as f:
+                flags = next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
+        except OSError:
+            flags = set()
+    return [name for name, needs in _KERNEL_SETS if all(flag in flags for flag in needs)]
 
 
 def rank_core(local_rank: int, local_world: int, cores: list[int]) -> int | None:

@@ -36,7 +36,7 @@ from harness.rank.groups import CellGroups, ProbeCache, keep_group
 from harness.rank.judging import dump, judge, load_observed, save_observed, scenario_for
 from harness.rank.leaks import CellState, TorchAttributes
 from harness.rank.phases import CLOCK, fold, read_totals
-from harness.rank.skips import skip_reason
+from harness.rank.skips import skip_fields
 from harness.rank.state import GlobalState
 from harness.rank.watchdog import CellTimeout, Watchdog
 from harness.results import record
@@ -240,8 +240,7 @@ class CellRun:
                    and self.installs.get(n, {}).get("status") == "not-provided"]
         if missing and cell.variant in ("patched", "api"):  # it would run as vanilla, to no purpose
             return dict(status="skip", reason=f"not provided by the module under test: {', '.join(missing)}")
-        skip = skip_reason(cell, self.scenarios[cell.scenario])
-        return dict(status="skip", reason=skip) if skip else {}
+        return skip_fields(cell, self.scenarios[cell.scenario])
 
     def _activate(self, names: tuple[str, ...]) -> None:
         """Install a patch set; in a shared process, switching sets first undoes the previous

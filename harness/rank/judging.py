@@ -28,7 +28,9 @@ import torch
 from harness.plan.cells import Cell
 from harness.rank.phases import CLOCK
 from harness.scenario.spec import Scenario
+from harness.scenario.symptoms import Evidence
 from harness.train import compare
+from harness.train.faults import fault_named, faulty_forward
 from harness.train.ledger import check_problems
 from harness.train.meta_init import as_meta
 from harness.train.reference import GLOO_AVG_FIX, gloo_avg_declared, quirks_for, run_reference
@@ -82,7 +84,33 @@ def judge(scenario: Scenario, observed: list[StepTensors], cell: Cell,
         fields.update(status="error", exc_type="ScenarioError",
                       exc_msg=f"the reference itself is non-finite ({', '.join(result.reference_nonfinite[:3])}): "
                               "the scenario is wrong, not FSDP2")
+    expect = scenario.expected(variant=cell.variant, torch_version=torch.__version__, device=cell.device,
+                               world_size=cell.world_size)
+    if fields["status"] == "mismatch" and expect.symptom is not None and cell.fault is None:
+        saw = expect.symptom(Evidence(observed=observed, reference=reference, world_size=cell.world_size,
+                                      failed=[d for d in result.diffs if not d.ok]))
+        fields.update(symptom_seen=saw is None, symptom=saw or "seen")
+    if cell.fault is not None:
+        affected = _affected(scenario, cell, reference, quirks)
+        caught = {d.name for d in result.diffs if d.step == 0 and not d.ok and d.kind in ("grad", "presence", "replicas")}
+        fields.update(fault=cell.fault, fault_affected=sorted(affected), fault_missed=sorted(affected - caught))
     return fields
+
+
+def _affected(scenario: Scenario, cell: Cell, reference: list[StepTensors], quirks: list[str]) -> set[str]:
+    """The parameters whose step-0 grad ``cell.fault`` changes: for a grad fault every grad that
+    is not all zero; for a loss fault those whose grad the reference, with the fault modelled,
+    gets different."""
+    fault = fault_named(cell.fault)
+    assert fault is not None
+    grads = reference[0].grads
+    if fault.loss_factor is None:
+        return {n for n, g in grads.items() if g is not None and bool(g.abs().max() > 0)}
+    one_step = scenario.replace(steps=1)
+    clean = run_reference(one_step, cell.world_size, quirks=quirks)[0].grads
+    faulted = run_reference(faulty_forward(one_step, fault), cell.world_size, quirks=quirks)[0].grads
+    return {n for n in clean if (clean[n] is None) != (faulted.get(n) is None)
+            or (clean[n] is not None and not torch.equal(clean[n], faulted[n]))}
 
 
 def save_observed(path: str | os.PathLike, observed: list[StepTensors]) -> None:

@@ -1,5 +1,5 @@
-"""Why a cell cannot run here: a missing package, too few GPUs, a public API or a meta-device
-init this torch or scenario lacks."""
+"""Why a cell cannot run here: a missing package or too few GPUs (not declared by the scenario:
+not as documented), a public API or a meta-device init this torch or scenario lacks."""
 
 from __future__ import annotations
 
@@ -12,17 +12,27 @@ from harness.plan.cells import Cell
 from harness.scenario.spec import UNUSED_PARAMS_API, Scenario
 from harness.train.meta_init import init_gap
 
-__all__ = ["skip_reason"]
+__all__ = ["skip_fields"]
 
 
-def skip_reason(cell: Cell, scenario: Scenario) -> str | None:
-    """The reason ``cell`` is skipped on this rank, or None."""
+def skip_fields(cell: Cell, scenario: Scenario) -> dict[str, str]:
+    """The record fields of a skip of ``cell`` on this rank ({} where it runs): ``reason``, and
+    ``missing`` where the machine lacks something the scenario does not declare (a package,
+    GPUs), which makes the skip not as documented."""
     packages = dict.fromkeys(name.partition(".")[0] for name in scenario.requires)
-    missing = [name for name in packages if importlib.util.find_spec(name) is None]
-    if missing:
-        return f"needs the Python package(s) {', '.join(missing)} (pip install 'fsdp-compat[hf]')"
+    lacking = [name for name in packages if importlib.util.find_spec(name) is None]
+    if lacking:
+        return dict(status="skip", missing=f"Python package(s) {', '.join(lacking)}",
+                    reason=f"needs the Python package(s) {', '.join(lacking)} (pip install 'fsdp-compat[hf]')")
     if cell.device == "cuda" and torch.cuda.device_count() < int(os.environ.get("LOCAL_WORLD_SIZE", cell.world_size)):
-        return f"needs {cell.world_size} GPUs, {torch.cuda.device_count()} visible"
+        return dict(status="skip", missing=f"{cell.world_size} GPUs",
+                    reason=f"needs {cell.world_size} GPUs, {torch.cuda.device_count()} visible")
+    reason = _declared(cell, scenario)
+    return dict(status="skip", reason=reason) if reason else {}
+
+
+def _declared(cell: Cell, scenario: Scenario) -> str | None:
+    """A skip the scenario or the run declares: a public API or a meta-device build this torch lacks."""
     needs = scenario.api if cell.variant == "api" else None
     if cell.variant == "vanilla" and scenario.sharding.reduce_scatter_unused_params:
         needs = UNUSED_PARAMS_API

@@ -1,4 +1,4 @@
-"""The commands that read records (``report``, ``diff``, ``prerelease``), as plain functions:
+"""The commands that read records (``report``, ``diff``, ``prerelease``, ``blind-spots``), as plain functions:
 ``harness.cli`` parses their arguments and calls them once pandas, tabulate and jinja2 are
 known to be there. Each returns the exit code: 1 when something got worse, else 0.
 """
@@ -13,7 +13,7 @@ from harness.results.diff import diff_runs, load_side, prerelease_lane
 from harness.results.report import write_outputs
 from harness.results.tables import build_tables
 
-__all__ = ["diff", "prerelease", "report"]
+__all__ = ["blind_spots", "diff", "prerelease", "report"]
 
 EXIT_WORSE = 1
 
@@ -43,6 +43,21 @@ def prerelease(records: Sequence[str], *, out: str | None) -> int:
     lane = prerelease_lane(list(records))
     _markdown(lane.markdown(), out)
     return EXIT_WORSE if lane.got_worse else 0
+
+
+def blind_spots(records: Sequence[str], *, out: str | None) -> int:
+    """The blind-spot table of fault runs (``run --fault``); exit 1 when a scenario missed a fault."""
+    from harness.results.reading import load_records
+    from harness.results.sensitivity import blind_spot_lines
+    from harness.results.sensitivity import blind_spots as table
+
+    found, _ = load_records(records)
+    frame = table(r for r, _ in found)
+    if frame.empty:
+        raise ValueError(f"no record of a run with a fault in {', '.join(records)} (run --fault NAME)")
+    lines = blind_spot_lines(frame)
+    _markdown(frame.to_markdown(index=False) + "\n\n" + "\n".join(f"- {line}" for line in lines) + "\n", out)
+    return EXIT_WORSE if any("; " in str(v) for v in frame.drop(columns="scenario").to_numpy().ravel()) else 0
 
 
 def _markdown(text: str, out: str | None) -> None:

@@ -17,16 +17,13 @@ import os
 import time
 import types
 import typing
-from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from harness.results.machine import environment, torch_info
-from harness.vocabulary import FAILING, INSTALL_STATUSES, STATUSES, VARIANTS, format_statuses, parse_statuses
+from harness.vocabulary import FAILING, INSTALL_STATUSES, STATUSES, VARIANTS, format_statuses, match_for, parse_statuses
 
-__all__ = ["SCHEMA", "Record", "RecordError", "append", "expand_paths", "finish", "load_records", "append_line",
-           "new_record"]
+__all__ = ["SCHEMA", "Record", "RecordError", "append", "finish", "append_line", "new_record"]
 
 SCHEMA = 2
 #: older schemas this code still reads (fields they lack take their defaults)
@@ -65,7 +62,8 @@ class Record:
     bug_observable: bool = True
     status: str
     expected: tuple[str, ...]
-    expected_match: str | None = None
+    #: text the failure must contain: one, or one per status (``harness.scenario.expect.Expect.match``)
+    expected_match: str | dict[str, str] | None = None
     as_expected: bool
     #: the patch that fixes the documented failure; the upstream issue of one no patch fixes
     fixed_by: str | None = None
@@ -75,6 +73,9 @@ class Record:
     api_replaces: list[str] = field(default_factory=list)
     #: why the expectation is what it is, or why the cell was skipped
     reason: str | None = None
+    #: a skip the scenario does not declare: what this machine lacked (a package, GPUs); such a
+    #: skip is not as documented (``run --allow-missing`` lets a local run exit 0 anyway)
+    missing: str | None = None
     exc_type: str | None = None
     exc_msg: str | None = None
     failing_rank: int | None = None
@@ -104,6 +105,14 @@ class Record:
     #: what the judge noticed beyond the verdict (a gloo reduction that summed where no quirk is
     #: declared: ``harness.rank.judging``); the report shows each
     findings: list[str] = field(default_factory=list)
+    #: a documented mismatch's symptom (``Expect.symptom``): whether the judge saw it, and what it saw instead
+    symptom_seen: bool | None = None
+    symptom: str | None = None
+    #: a fault injected on the FSDP2 side (``run --fault``, ``harness.train.faults``), the parameters
+    #: whose step-0 grad it changed, and those of them no check flagged (the scenario's blind spots)
+    fault: str | None = None
+    fault_affected: list[str] = field(default_factory=list)
+    fault_missed: list[str] = field(default_factory=list)
     #: the seed of the shuffled cell order the run used (``run --shuffle``); None: the planned order
     order_seed: int | None = None
     #: "meta": the run built every model on the meta device (``run --init meta``, ``harness.train.meta_init``)
@@ -124,14 +133,20 @@ class Record:
         return {n: e.get("reason", "") for n, e in self.patch_install.items() if e.get("status") == "error"}
 
     def outcome_matches(self) -> bool:
-        """Whether the status (and, for a failure, its text) is the expected one."""
+        """Whether the status (and, for a failure, its text) is the expected one. With a fault
+        injected: a mismatch that flags every parameter the fault changed (a pass where it
+        changed none)."""
         if self.status == "skip":
-            return True
+            return self.missing is None
+        if self.fault is not None and self.status in ("pass", "mismatch"):
+            return not self.fault_missed and (self.status == "mismatch") == bool(self.fault_affected)
         if self.status not in self.expected:
             return False
-        if self.expected_match and self.status != "pass":
-            text = f"{self.exc_msg or ''}\n{self.traceback or ''}\n{self.worst or ''}"
-            return self.expected_match in text
+        if self.status == "mismatch" and self.symptom_seen is False:
+            return False
+        needle = match_for(self.expected_match, self.status) if self.status != "pass" else None
+        if needle:
+            return needle in f"{self.exc_msg or ''}\n{self.traceback or ''}\n{self.worst or ''}"
         return True
 
     def to_json(self) -> str:
@@ -259,42 +274,3 @@ def append_line(path: str | os.PathLike, line: str, *, sync: bool = False) -> No
             os.fsync(fd)
     finally:
         os.close(fd)
-
-
-# --------------------------------------------------------------------------- reading
-
-
-def expand_paths(paths: Iterable[str | Path]) -> list[Path]:
-    """Files as given plus ``*.jsonl`` found (recursively) under folders."""
-    files: list[Path] = []
-    for raw in paths:
-        path = Path(raw)
-        if path.is_dir():
-            files += sorted(p for p in path.rglob("*.jsonl") if p.is_file())
-        elif path.is_file():
-            files.append(path)
-        else:
-            raise RecordError(f"no such file or folder: {path}")
-    return files
-
-
-def load_records(paths: Iterable[str | Path]) -> tuple[list[tuple[Record, str]], list[str]]:
-    """Valid records with their source ("file:line"), and the skipped lines as "file:line: reason"."""
-    found: list[tuple[Record, str]] = []
-    skipped: list[str] = []
-    for path in expand_paths(paths):
-        try:
-            lines = path.read_bytes().splitlines()
-        except OSError as exc:
-            raise RecordError(f"cannot read {path}: {exc.strerror or exc}") from exc
-        for lineno, raw in enumerate(lines, start=1):
-            if not raw.strip():
-                continue
-            try:
-                found.append((Record.from_json(raw.decode("utf-8")), f"{path}:{lineno}"))
-            except UnicodeDecodeError:
-                skipped.append(f"{path}:{lineno}: not UTF-8")
-            except RecordError as exc:
-                skipped.append(f"{path}:{lineno}: {exc}")
-    return found, skipped
-

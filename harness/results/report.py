@@ -22,47 +22,26 @@ import pandas as pd
 from harness.bugs import legend_rows
 from harness.results.decisions import deployed_line, lane_notes, lifecycle, torch_columns, version_ranges
 from harness.results.safe import content_security_policy, md_text, read_report_csv, safe_id, write_report_csv
+from harness.results.sensitivity import blind_spot_lines
+from harness.results.style import (
+    ADJUSTED,
+    BLIND_SPOTS,
+    FLAG,
+    LEGEND,
+    OUTPUT_NAMES,
+    PATCH_COLORS,
+    SHORT,
+    TITLE,
+    VERDICT_COLORS,
+    anchor,
+    css,
+)
 from harness.results.tables import LONG_COLUMNS, ReportTables, build_tables, verdict_counts
 from harness.results.verdict import rule_rows
 from harness.vocabulary import VARIANTS, VERDICTS
 
 __all__ = ["OUTPUT_NAMES", "SHORT", "VERDICT_COLORS", "build_report", "read_report_csv", "render_html",
            "render_markdown", "write_outputs"]
-
-TITLE = "FSDP2 patch compatibility report"
-OUTPUT_NAMES: Mapping[str, str] = {"md": "compat.md", "html": "compat.html", "csv": "compat.csv",
-                                   "patches_csv": "compat-patches.csv"}
-FLAG, ADJUSTED = "⚠", "†"
-#: verdict -> (heatmap label, colour)
-SHORT: Mapping[str, tuple[str, str]] = {
-    "patch broken": ("BROKEN", "#e57373"), "deployed set broken": ("DEPLOYED", "#f06292"),
-    "not provided": ("n/p", "#b0bec5"), "regression": ("REGR", "#ce93d8"), "upstream bug": ("bug↑", "#9575cd"),
-    "patch needed": ("need", "#ffb74d"), "use public API": ("api", "#4fc3f7"), "backport": ("back", "#ffe082"),
-    "fixed upstream": ("fixed", "#81c784"), "expected failure": ("xfail", "#dcedc8"), "ok": ("ok", "#c8e6c9"),
-    "n/a": ("n/a", "#e0e0e0"), "not run": ("–", "#fafafa"),
-}
-VERDICT_COLORS: Mapping[str, str] = {v: c for v, (_, c) in SHORT.items()}
-PATCH_COLORS: Mapping[str, str] = {
-    "broken": SHORT["patch broken"][1], "not provided": SHORT["not provided"][1],
-    "needed": SHORT["patch needed"][1], "use public API": SHORT["use public API"][1],
-    "backport": SHORT["backport"][1], "retire": SHORT["fixed upstream"][1], "not applicable": "#eeeeee",
-    "not run": "#fafafa",
-}
-LEGEND = (f"Cell label: the verdict in short ({', '.join(f'{s} = {v}' for v, (s, _) in SHORT.items())}); "
-          f"{FLAG} = a result differs from its documented expectation; {ADJUSTED} = judged against a reference "
-          "adjusted for a known backend quirk (see Notes). Hover a cell for its records; click it for its details row.")
-
-
-def css(prefix: str, name: str) -> str:
-    return f"{prefix}-" + name.replace(" ", "-").replace("/", "")
-
-
-def anchor(row: Mapping) -> str:
-    return safe_id(f"d-{row['device']}-{row['scenario']}-w{row['world_size']}-{row['torch']}")
-
-
-# --------------------------------------------------------------------------- pieces
-
 
 def _label(row: Mapping) -> str:
     return SHORT[row["verdict"]][0] + (f" {FLAG}" if row["unexpected"] else "") + (
@@ -187,6 +166,8 @@ def render_markdown(tables: ReportTables) -> str:
         out += [f"### Notes: {shown}", "", *([f"- {md_text(n)}" for n in _notes(tables, device)] or ["None."]), ""]
         out += [f"### Environment: {shown}", "", _md(_environment(tables, device).rename_axis("").reset_index())]
     out += ["## Collective changes between torch versions", "", *(f"- {md_text(n)}" for n in tables.ledger_changes or ["None."]), ""]
+    if not tables.blind_spots.empty:
+        out += [f"## {BLIND_SPOTS}", "", _md(tables.blind_spots), *map(md_text, blind_spot_lines(tables.blind_spots)), ""]
     out += ["## Bug legend", "", _md(pd.DataFrame(legend_rows(tables.cells["scenario"])))]
     out += ["## Details", "", *_details_md(tables.cells), "## Skipped input lines", ""]
     out += [f"- {md_text(line)}" for line in tables.skipped] or ["None."]
@@ -263,6 +244,9 @@ def render_html(tables: ReportTables) -> str:
         sections.append(_Section(title=f"Environment: {device}", anchor=safe_id(f"environment-{device}"),
                                  html=_styled(_environment(tables, device), table_class="environment")))
     sections.append(_Section(title="Collective changes between torch versions", anchor="ledger", html="", notes=tables.ledger_changes))
+    if not tables.blind_spots.empty:
+        sections.append(_Section(title=BLIND_SPOTS, anchor="blind-spots", notes=blind_spot_lines(tables.blind_spots),
+                                 html=_styled(tables.blind_spots, table_class="blind-spots", index=False)))
     bugs = _styled(pd.DataFrame(legend_rows(tables.cells["scenario"])), table_class="bugs", index=False)
     sections.append(_Section(title="Bug legend", anchor="bugs", html=bugs))
     sections.append(_Section(title="Details", anchor="details", html=_details_html(tables.cells)))

@@ -3,7 +3,7 @@
 ``records_frame`` (one row per record) -> ``latest_records`` (one per cell and variant,
 the latest ``started_at`` wins) -> ``verdict_table`` (one row per scenario/world
 size/torch/device of the grid, "not run" where records are missing) ->
-``patch_summary``, ``deployed_summary`` and ``environment_table``.
+``patch_summary`` and ``deployed_summary`` (the environment: ``harness.results.environment``).
 
 The grid for a device is every (scenario, world size) seen on it x every torch version
 seen on it. Torch columns sort by version number; a version's build (``+cpu``,
@@ -22,9 +22,12 @@ from typing import Any
 import pandas as pd
 from packaging.version import InvalidVersion, Version
 
+from harness.results.environment import ENV_FIELDS, environment_table
 from harness.results.ledger_changes import CellKey, Summary, ledger_summaries, version_changes
-from harness.results.record import Record, RecordError, load_records
+from harness.results.reading import load_records
+from harness.results.record import Record, RecordError
 from harness.results.safe import module_label
+from harness.results.sensitivity import blind_spots
 from harness.results.verdict import adjusted, combine_patch_statuses, judge, patch_contributions
 from harness.vocabulary import PS_BROKEN, PS_NOT_RUN, VARIANTS, VERDICTS
 
@@ -35,7 +38,6 @@ __all__ = [
     "build_tables",
     "deployed_summary",
     "device_order",
-    "environment_table",
     "latest_records",
     "patch_summary",
     "records_frame",
@@ -47,13 +49,11 @@ __all__ = [
 ]
 
 CELL_KEY: tuple[str, ...] = ("scenario", "torch", "device", "world_size")
-ENV_FIELDS: tuple[str, ...] = ("python", "torch", "torch_build", "gpu", "host", "platform", "cpus", "torch_source")
 LONG_COLUMNS: tuple[str, ...] = (
     "device", "scenario", "world_size", "torch", "patches", "verdict", "rule", "unexpected", "caveats",
     *(f"{v}{suffix}" for v in VARIANTS for suffix in ("", "_exc", "_max_abs_diff")),
     "worst", "reference_adjusted", "upstream", "public_api", "bug_observable", "backend", "torch_build", "patches_module",
 )
-ENV_LABELS: tuple[str, ...] = ("torch build", "python", "device name", "backend", "host", "machine", "date", "torch source")
 
 
 def release(version: str) -> str:
@@ -225,32 +225,6 @@ def verdict_counts(cells: pd.DataFrame) -> list[tuple[str, int]]:
     return [(v, int(counts[v])) for v in VERDICTS if v in counts]
 
 
-# --------------------------------------------------------------------------- environment
-
-
-def _joined(values: Iterable[Any]) -> str:
-    return ", ".join(sorted({str(v) for v in values if v is not None and v == v and v != ""}))
-
-
-def _date_range(stamps: Iterable[str]) -> str:
-    days = sorted({s[:10] for s in stamps if isinstance(s, str) and s})
-    return "" if not days else days[0] if days[0] == days[-1] else f"{days[0]} – {days[-1]}"
-
-
-def environment_table(latest: pd.DataFrame) -> pd.DataFrame:
-    """Rows: device, torch, then one column per environment item."""
-    rows = []
-    for (device, torch), g in latest.groupby(["device", "torch"], sort=False):
-        machines = [" ".join(str(x) for x in (p, f"{int(c)} CPUs" if c == c and c is not None else None) if x)
-                    for p, c in zip(g["env_platform"], g["env_cpus"])]
-        rows.append({"device": device, "torch": torch, "torch build": _joined(g["env_torch"]),
-                     "python": _joined(g["env_python"]),
-                     "device name": _joined(gpu if gpu else dev for gpu, dev in zip(g["env_gpu"], g["device"])),
-                     "backend": _joined(g["backend"]), "host": _joined(g["env_host"]), "machine": _joined(machines),
-                     "date": _date_range(g["started_at"]), "torch source": _joined(g["env_torch_source"])})
-    return pd.DataFrame(rows, columns=["device", "torch", *ENV_LABELS])
-
-
 # --------------------------------------------------------------------------- all of it
 
 
@@ -268,6 +242,8 @@ class ReportTables:
     n_records: int = 0
     generated_at: str = ""
     ledgers: dict[CellKey, Summary] = field(default_factory=dict)
+    #: records of cells run with a fault injected: scenario x fault (``harness.results.sensitivity``)
+    blind_spots: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     @property
     def devices(self) -> list[str]:
@@ -284,6 +260,8 @@ class ReportTables:
 def build_tables(paths: Sequence[str | Path]) -> ReportTables:
     """Load and judge; ``RecordError`` when no valid record is found."""
     found, skipped = load_records(paths)
+    faulted = [r for r, _ in found if r.fault is not None]  # sensitivity runs: not verdicts
+    found = [(r, source) for r, source in found if r.fault is None]
     if not found:
         extra = f" ({len(skipped)} malformed lines skipped)" if skipped else ""
         raise RecordError(f"no valid records found in {', '.join(map(str, paths))}{extra}")
@@ -296,5 +274,4 @@ def build_tables(paths: Sequence[str | Path]) -> ReportTables:
         cells=cells, patches=patch_summary(frame), deployed=deployed_summary(cells),
         environment=environment_table(latest), modules=modules, skipped=skipped, sources=[str(p) for p in paths],
         n_records=len(found), generated_at=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        ledgers=ledger_summaries(latest["record"]),
-    )
+        ledgers=ledger_summaries(latest["record"]), blind_spots=blind_spots(faulted))

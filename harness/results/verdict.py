@@ -53,6 +53,7 @@ from harness.vocabulary import (
     USE_API,
     VARIANTS,
     format_statuses,
+    match_for,
 )
 
 __all__ = [
@@ -181,8 +182,10 @@ def _record_note(variant: str, record: Record) -> str | None:
         return f"{variant} unexpectedly passes (expected {expected})"
     if record.expected == ("pass",) and record.failed:
         return f"{variant} regression: {record.status}, expected pass"
-    if record.status in record.expected and record.expected_match:
-        return f"{variant} {record.status} does not contain {record.expected_match!r}"
+    if record.status == "mismatch" and record.symptom_seen is False:
+        return f"{variant} mismatch without its documented symptom: {record.symptom}"
+    if record.status in record.expected and (needle := match_for(record.expected_match, record.status)):
+        return f"{variant} {record.status} does not contain {needle!r}"
     return f"{variant} {record.status}, expected {expected}"
 
 

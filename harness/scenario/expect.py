@@ -3,14 +3,16 @@ device and world size (``Expect``), and the default when nothing matches (``PASS
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import Version
 
-from harness.vocabulary import DEVICES, VARIANTS, Device, Status, Variant, parse_statuses
+from harness.vocabulary import DEVICES, VARIANTS, Device, Status, Variant, match_for, parse_statuses
 
-__all__ = ["PASS", "Expect", "torch_release"]
+__all__ = ["GLOO_ABORT", "HANG", "PASS", "Expect", "torch_release"]
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -18,7 +20,11 @@ class Expect:
     """An expected outcome for cells matching ``torch``/``variants``/``devices``/``world_sizes``.
 
     ``status`` may name alternatives with ``|`` ("hang|crash|error"); it is kept as a
-    tuple. ``match`` is text the first error line (or the traceback) must contain.
+    tuple. ``match`` is text the failure's message, traceback or worst difference must
+    contain: one text, or with several statuses one per status (``{"error": "...", "hang":
+    "no result"}``), so an ImportError never passes for the documented bug. A documented
+    mismatch names its symptom: a ``match`` for it, or a ``symptom`` checked on the numbers
+    (``harness.scenario.symptoms``: grads scaled by the group's size, which parameters differ).
     ``fixed_by`` names the patch that fixes this documented failure (the verdicts credit
     that patch alone); ``upstream`` names the upstream issue of a failure no patch fixes.
     """
@@ -26,7 +32,8 @@ class Expect:
     status: tuple[Status, ...] | str
     torch: str = ""
     variants: tuple[Variant, ...] = ("vanilla",)
-    match: str | None = None
+    match: str | dict[str, str] | None = None
+    symptom: Callable[[Any], str | None] | None = None
     devices: tuple[Device, ...] = DEVICES
     world_sizes: tuple[int, ...] | None = None
     why: str = ""
@@ -35,6 +42,15 @@ class Expect:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "status", parse_statuses(self.status))
+        failing = [s for s in self.status if s not in ("pass", "skip")]
+        if isinstance(self.match, dict) and not set(self.match) <= set(self.status):
+            raise ValueError(f"Expect: match names a status it does not expect: {sorted(set(self.match) - set(self.status))}")
+        if len(failing) > 1 and (not isinstance(self.match, dict) or set(self.match) != set(failing)):
+            raise ValueError(f"Expect({'|'.join(self.status)}): give a match per status, e.g. "
+                             f"match={{{', '.join(repr(s) + ': ...' for s in failing)}}}")
+        if "mismatch" in self.status and not match_for(self.match, "mismatch") and self.symptom is None:
+            raise ValueError("Expect(mismatch): name the symptom: a match for it, or symptom=... "
+                             "(harness.scenario.symptoms)")
         for v in self.variants:
             if v not in VARIANTS:
                 raise ValueError(f"Expect.variants: unknown variant {v!r} (choose from {', '.join(VARIANTS)})")
@@ -53,6 +69,11 @@ class Expect:
             and torch_release(torch_version) in SpecifierSet(self.torch)
         )
 
+
+#: What every hang record says (``harness.rank.peers.blame``, the launcher's kill), and what a
+#: crash of gloo on a collective size mismatch says: for ``Expect.match`` per status.
+HANG = "no result"
+GLOO_ABORT = "enforce fail"
 
 #: What a cell is expected to do when no ``Expect`` matches it.
 PASS = Expect(status="pass", variants=VARIANTS)

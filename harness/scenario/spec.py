@@ -19,11 +19,14 @@ import torch
 from torch import nn
 
 from harness.scenario.apis import UNUSED_PARAMS_API, PublicApi
-from harness.scenario.expect import PASS, Expect, torch_release
+from harness.scenario.expect import GLOO_ABORT, HANG, PASS, Expect, torch_release
 from harness.scenario.sharding import Sharding
+from harness.scenario.symptoms import differs_only, from_step, grads_scaled, presence_lost
 from harness.vocabulary import DEVICES, Device
 
 __all__ = [
+    "GLOO_ABORT",
+    "HANG",
     "Clip",
     "Ctx",
     "Expect",
@@ -35,6 +38,10 @@ __all__ = [
     "Scenario",
     "Sharding",
     "accumulate",
+    "differs_only",
+    "from_step",
+    "grads_scaled",
+    "presence_lost",
     "default_forward",
     "mean_square",
     "move_batch",

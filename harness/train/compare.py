@@ -1,7 +1,8 @@
 """Compare what FSDP2 produced with the reference, step by step.
 
 Checked per step: grad presence (None vs tensor, and presence that differs across ranks),
-grads, total grad norm, clipped grads, post-step params, optimizer-state presence.
+grads, total grad norm, clipped grads, post-step params, optimizer-state presence, and that
+HSDP's replicas of every grad and param are equal (``StepTensors.diverged``).
 
 Tolerance policy: each tensor is judged on its own scale, by its own dtype (the reference
 tensor's), normwise: ``max |observed - reference| <= bound`` with
@@ -68,7 +69,7 @@ class Diff:
     """One compared quantity. ``score`` > 1 means outside tolerance (inf: presence)."""
 
     step: int
-    kind: str  # grad | presence | grad_norm | clipped | param | opt_state
+    kind: str  # grad | presence | grad_norm | clipped | param | opt_state | replicas
     name: str
     max_abs: float | None = None
     #: ``max_abs`` over the tensor's own scale (see the module docstring)
@@ -131,6 +132,10 @@ def compare_runs(observed: list[StepTensors], reference: list[StepTensors]) -> C
             floor = PARAM_ULPS * torch.finfo(r.dtype).eps * _amax(r) if r.is_floating_point() else 0.0
             result.diffs.append(_compare_tensor(step, "param", name, obs.params.get(name), r, scale=scale,
                                                 bound=tol.rel * scale + floor))
+        for label, gap in sorted(obs.diverged.items()):
+            kind, _, name = label.partition(" ")
+            result.diffs.append(Diff(step=step, kind="replicas", name=name, ok=False, score=math.inf,
+                                     note=f"{kind}: HSDP replicas differ by up to {gap:.3g}"))
         for name, r in ref.opt_state.items():
             o = obs.opt_state.get(name)
             ok = o == r

@@ -27,6 +27,7 @@ from harness.scenario.spec import MODEL_SEED, Clip, Ctx, MicroBatch, Scenario, m
 from harness.train import ledger as collectives
 from harness.train import recipe
 from harness.train import resources as held
+from harness.train.faults import fault_named
 from harness.train.gather import Deferred, gather_full, plain_placements
 from harness.train.meta_init import init_on
 from harness.train.norm_group import rehome
@@ -56,6 +57,9 @@ def train(scenario: Scenario, cell: Cell, utilities: dict[str, Any], rank: int, 
     measure = side.measure if rank == 0 and held.enabled(scenario.resource_check) else None  # rank 0's record
     with collectives.recording() as side.ledger:  # the scenario's collectives only (``harness.train.ledger``)
         observed = recipe.train(scenario, side, side.named, after_step=measure)
+    for snap in observed:  # filled when the snapshots were gathered
+        snap.diverged = {f"{kind} {name}": gap for step, kind, gaps in side.replicas if step == snap.step
+                         for name, gap in gaps.items()}
     if observed:
         observed[0].reduction_sums = sums
         observed[0].ledger = side.ledger.rows() if side.ledger is not None else None
@@ -141,6 +145,11 @@ class FsdpSide:
         self.ledger: collectives.Ledger | None = None
         #: what this rank held after each optimizer step (``harness.train.resources``: rows)
         self.resources: list[list[int | None]] = []
+        #: a fault to inject (``run --fault``)
+        self.fault = fault_named(cell.fault)
+        #: (step, snapshot kind, name -> how far HSDP's replicas of it differ): ``harness.train.gather``
+        self.replicas: list[tuple[int, str, dict[str, float]]] = []
+        self._grad_snapshots = 0
 
     def measure(self, step: int, snapshots: list[StepTensors]) -> None:
         """Live tensors after the optimizer step, less the harness's own snapshot copies."""
@@ -152,7 +161,7 @@ class FsdpSide:
             self.ledger.at(phase, step=self.step, micro_batch=micro_batch)
 
     def begin_step(self, step: int) -> None:
-        self.step = step
+        self.step, self._grad_snapshots = step, 0
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer, snap: StepTensors) -> None:
         optimizer.step()
@@ -168,6 +177,8 @@ class FsdpSide:
         self.stamp(f"step {step} micro-batch {k} forward")
         self._at("forward", k)
         loss = self.scenario.forward(self.model, batch, ctx)
+        if self.fault is not None and self.fault.loss_factor is not None and step == 0:
+            loss = loss * self.fault.loss_factor(self.dp_rank, self.dp_world, k)
         self.stamp(f"step {step} micro-batch {k} backward")
         self._at("backward", k)
         loss.backward()
@@ -176,7 +187,15 @@ class FsdpSide:
     def end_window(self) -> None:
         """``Scenario.reduce_after_window``: reduce the window's grads with the api variant's
         ``finalize``, else the patches module's ``finalize_backward``, else (vanilla) only turn
-        gradient sync back on, as a stack without either does."""
+        gradient sync back on, as a stack without either does. Then a grad fault (step 0)."""
+        self._reduce_after_window()
+        if self.fault is not None and self.fault.grads is not None and self.step == 0:
+            self._at(None)  # the fault's collective is not the scenario's
+            grads = {n: p.grad for n, p in self.named.items() if p.grad is not None}
+            self.fault.grads({n: g.to_local() if isinstance(g, DTensor) else g for n, g in grads.items()},
+                             self.rank, self.device)
+
+    def _reduce_after_window(self) -> None:
         if not self.scenario.reduce_after_window:
             return
         self.stamp(f"step {self.step} end of window")
@@ -209,7 +228,9 @@ class FsdpSide:
 
     def grads(self) -> tuple[dict[str, torch.Tensor | None], dict[str, list[int]]]:
         """Full grads on rank 0, and the names whose grad presence differed across ranks."""
-        return self._snapshot({n: p.grad for n, p in self.named.items()}, "grads")
+        self._grad_snapshots += 1  # the recipe's second of a step is after clipping
+        return self._snapshot({n: p.grad for n, p in self.named.items()}, "grads",
+                              "grad" if self._grad_snapshots == 1 else "clipped")
 
     def clip(self, clip: Clip) -> float:
         self.stamp(f"step {self.step} clip")
@@ -228,7 +249,7 @@ class FsdpSide:
         return float(total)
 
     def params(self) -> dict[str, torch.Tensor]:
-        full, _ = self._snapshot({n: p.detach() for n, p in self.named.items()}, "params")
+        full, _ = self._snapshot({n: p.detach() for n, p in self.named.items()}, "params", "param")
         return full  # type: ignore[return-value]
 
     def flush(self) -> None:
@@ -238,11 +259,13 @@ class FsdpSide:
             self.stamp(f"step {self.step} gather snapshots")
             self.deferred.flush()
 
-    def _snapshot(self, tensors: dict[str, torch.Tensor | None], what: str):
+    def _snapshot(self, tensors: dict[str, torch.Tensor | None], what: str, kind: str):
         self._at(None)  # the harness's gathers are not the scenario's; what follows is the optimizer's
         try:
             if self.deferred is not None:
-                return self.deferred.capture(tensors)
+                diverged: dict[str, float] = {}
+                self.replicas.append((self.step, kind, diverged))
+                return self.deferred.capture(tensors, diverged)
             self.stamp(f"step {self.step} gather {what}")
             return gather_full(tensors, rank=self.rank, world=self.world, fast=False)
         finally:

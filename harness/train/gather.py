@@ -10,7 +10,10 @@ waits for the slowest rank, and per-tensor all-gathers were most of a cell's tim
 no pickling of tensors one by one. Other placements (tensor parallel's ``_StridedShard``, ...)
 take the general path: agree on presence, then ``full_tensor()`` each.
 
-Both paths report grad presence that differs across ranks instead of desynchronizing.
+Both paths report grad presence that differs across ranks instead of desynchronizing. The
+fast path also compares the pieces several ranks hold of the same region (HSDP's replicas):
+they must be equal, and where they are not, the largest difference is reported
+(``diverged``) instead of one replica silently overwriting the other.
 """
 
 from __future__ import annotations
@@ -54,13 +57,16 @@ class Deferred:
 
     def __init__(self, *, rank: int, world: int) -> None:
         self.rank, self.world = rank, world
-        self.pending: list[tuple[list[str], tuple[dict[str, Any], bytes], Full, dict[str, list[int]]]] = []
+        self.pending: list[tuple[list[str], tuple[dict[str, Any], bytes], Full, dict[str, list[int]],
+                                 dict[str, float]]] = []
 
-    def capture(self, tensors: dict[str, torch.Tensor | None]) -> tuple[Full, dict[str, list[int]]]:
+    def capture(self, tensors: dict[str, torch.Tensor | None],
+                diverged: dict[str, float] | None = None) -> tuple[Full, dict[str, list[int]]]:
+        """``diverged`` (filled at ``flush``): name -> the largest difference between replicas."""
         full: Full = {}
         inconsistent: dict[str, list[int]] = {}
         pieces = _pack({n: (None if t is None else _pieces(t)) for n, t in tensors.items()})
-        self.pending.append((list(tensors), pieces, full, inconsistent))
+        self.pending.append((list(tensors), pieces, full, inconsistent, diverged if diverged is not None else {}))
         return full, inconsistent
 
     def flush(self) -> None:
@@ -72,8 +78,8 @@ class Deferred:
         if self.rank != 0:
             return
         assert everyone is not None
-        for k, (names, _, full, inconsistent) in enumerate(pending):
-            _assemble(names, [_unpack(*everyone[r][k]) for r in range(self.world)], full, inconsistent)
+        for k, (names, _, full, inconsistent, diverged) in enumerate(pending):
+            _assemble(names, [_unpack(*everyone[r][k]) for r in range(self.world)], full, inconsistent, diverged)
 
 
 def _pieces(t: torch.Tensor) -> tuple[tuple[int, ...], torch.dtype, tuple[int, ...], torch.Tensor]:
@@ -88,9 +94,10 @@ def _pieces(t: torch.Tensor) -> tuple[tuple[int, ...], torch.dtype, tuple[int, .
 
 
 def _assemble(names: list[str], per_rank: list[dict[str, Piece | None]], full: Full,
-              inconsistent: dict[str, list[int]]) -> None:
+              inconsistent: dict[str, list[int]], diverged: dict[str, float]) -> None:
     """Write each rank's pieces into full tensors (``full``); names present on some ranks
-    only are None there and listed in ``inconsistent`` with the ranks that had one."""
+    only are None there and listed in ``inconsistent`` with the ranks that had one; pieces of
+    one region that differ between ranks (replicas) go in ``diverged``."""
     world = len(per_rank)
     for name in names:
         have = [r for r in range(world) if per_rank[r][name] is not None]
@@ -101,8 +108,14 @@ def _assemble(names: list[str], per_rank: list[dict[str, Piece | None]], full: F
             continue
         shape, dtype, _, _ = per_rank[0][name]  # type: ignore[misc]
         out = torch.empty(shape, dtype=dtype)
+        held: dict[tuple, torch.Tensor] = {}
         for r in range(world):
             _, _, offset, local = per_rank[r][name]  # type: ignore[misc]
+            region = (tuple(offset), tuple(local.shape))
+            if region in held and local.numel() and not torch.equal(held[region], local):
+                gap = float((held[region].double() - local.double()).abs().nan_to_num(float("inf")).max())
+                diverged[name] = max(diverged.get(name, 0.0), gap)
+            held.setdefault(region, local)
             out[tuple(slice(o, o + n) for o, n in zip(offset, local.shape))] = local
         full[name] = out
 

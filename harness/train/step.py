@@ -28,6 +28,9 @@ class StepTensors:
     clipped: dict[str, torch.Tensor | None] = field(default_factory=dict)
     params: dict[str, torch.Tensor] = field(default_factory=dict)
     opt_state: dict[str, bool] = field(default_factory=dict)
+    #: the FSDP2 side: "<grad|clipped|param> <name>" -> the largest difference between the pieces
+    #: two ranks hold of one region (HSDP replicas: they must be equal; ``harness.train.gather``)
+    diverged: dict[str, float] = field(default_factory=dict)
     #: the reference only: the largest change the optimizer step made to each param
     #: (``max |after - before|``): the scale its post-step param is judged on (``harness.train.compare``)
     update: dict[str, float] = field(default_factory=dict)
