@@ -158,8 +158,9 @@ def gpu_smoke(session: nox.Session) -> None:
 
 @nox.session
 def shuffle(session: nox.Session) -> None:
-    """Order independence: the default CPU scenario set on this session's torch, in the planned
-    order and in a shuffled one; exit 1 when any verdict differs. nox -s shuffle [-- SEED]
+    """Order independence: the default CPU scenario set on this session's torch, and the leak
+    probes (tests/fixtures/leaks), each in the planned order and in a shuffled one; exit 1 when
+    any verdict differs. nox -s shuffle [-- SEED]
     (default: a new seed each time, printed; the same seed gives the same order)."""
     import random
 
@@ -168,16 +169,21 @@ def shuffle(session: nox.Session) -> None:
     seed = session.posargs[0] if session.posargs else str(random.randrange(2**31))
     folder = ROOT / "runs" / "shuffle"
     folder.mkdir(parents=True, exist_ok=True)
-    runs = {"planned": [], "shuffled": ["--shuffle", seed]}
-    for name, extra in runs.items():
-        out = folder / f"{name}.jsonl"
-        out.unlink(missing_ok=True)  # records are appended
-        # exit 1 (a cell not as documented) is the diff's business, not this run's
-        session.run("python", "-m", "harness", "run", "--quiet", "--out", str(out), *extra, success_codes=[0, 1],
+    # the default CPU set, and the leak probes: scenarios and a patch set that leave hooks,
+    # configs, settings, a child process and wrapped torch functions behind, and a probe after them
+    leaks = ["--scenarios-dir", "tests/fixtures/leaks", "--patches", "tests/fixtures/leaky_patches.py",
+             "--world-size", "1", "--variant", "vanilla", "--variant", "patched"]
+    leaks += [a for name in ("a_leak_state", "b_leak_linear", "c_patch_leaks", "z_probe") for a in ("--scenario", name)]
+    for label, args in (("default", []), ("leaks", leaks)):
+        for name, extra in {"planned": [], "shuffled": ["--shuffle", seed]}.items():
+            out = folder / f"{label}-{name}.jsonl"
+            out.unlink(missing_ok=True)  # records are appended
+            # exit 1 (a cell not as documented) is the diff's business, not this run's
+            session.run("python", "-m", "harness", "run", "--quiet", "--out", str(out), *args, *extra,
+                        success_codes=[0, 1], env={"PYTHONPATH": str(ROOT)})
+        session.run("python", "-m", "harness", "diff", "--strict", str(folder / f"{label}-planned.jsonl"),
+                    str(folder / f"{label}-shuffled.jsonl"), "--out", str(folder / f"diff-{label}-seed-{seed}.md"),
                     env={"PYTHONPATH": str(ROOT)})
-    session.run("python", "-m", "harness", "diff", "--strict", str(folder / "planned.jsonl"),
-                str(folder / "shuffled.jsonl"), "--out", str(folder / f"diff-seed-{seed}.md"),
-                env={"PYTHONPATH": str(ROOT)})
 
 
 @nox.session

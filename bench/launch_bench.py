@@ -16,7 +16,8 @@
             column per saving of ``harness.rank.cuts`` turned off, and one with all off, each
             with its difference from (e): that cut's gain, measured in the same rounds;
             ``--column 'LABEL:NAME=VALUE'`` a column with an environment variable set
-            (``FSDP_COMPAT_LEDGER=0``: the ledger's cost).
+            (``FSDP_COMPAT_LEDGER=0``: the ledger's cost), ``--column 'LABEL:--option value'``
+            one with ``harness run`` options added (``--isolate fork``: what a process per cell costs).
 (f):        what a hung cell costs: a launch with a cell that hangs vs the same launch without it.
 
     python bench/launch_bench.py [--parts ab,cd,e,f] [--repeat 3] [--rounds 1] [--against DIR] [--each-cut]
@@ -129,10 +130,12 @@ def bare_start(world: int = 4) -> float:
     return time.perf_counter() - t0
 
 
-def cli_suite(tree: Path, out: Path, scenarios: list[str], extra_env: dict[str, str] | None = None) -> SuiteRun:
+def cli_suite(tree: Path, out: Path, scenarios: list[str], extra_env: dict[str, str] | None = None,
+              extra_args: list[str] | None = None) -> SuiteRun:
     """The suite as users run it, from checkout ``tree`` (its own harness and scenarios), with
-    ``extra_env`` set (``FSDP_COMPAT_CUTS_OFF``: cuts turned off, ``harness.rank.cuts``)."""
-    cmd = [sys.executable, "-m", "harness", "run", "--quiet", "--device", "cpu", "--out", str(out)]
+    ``extra_env`` set (``FSDP_COMPAT_CUTS_OFF``: cuts turned off, ``harness.rank.cuts``) and
+    ``extra_args`` added to ``harness run``."""
+    cmd = [sys.executable, "-m", "harness", "run", "--quiet", "--device", "cpu", "--out", str(out), *(extra_args or [])]
     cmd += [a for n in scenarios for a in ("--scenario", n)]
     cmd += [] if scenarios else ["--world-size", "1", "--world-size", "2", "--world-size", "4"]
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", CUTS_ENV)}
@@ -148,7 +151,7 @@ def cli_suite(tree: Path, out: Path, scenarios: list[str], extra_env: dict[str, 
     return SuiteRun(wall=wall, cpu=cpu, records=records, phases=phases, processes=processes)
 
 
-def part_eg(folder: Path, *, trees: dict[str, tuple[Path, dict[str, str]]], rounds: int, scenarios: list[str],
+def part_eg(folder: Path, *, trees: dict[str, tuple[Path, dict[str, str], list[str]]], rounds: int, scenarios: list[str],
             default_wall: float | None) -> None:
     """(e) per column (a checkout, with some cuts off) and (g) the bare start, alternating for
     ``rounds``; then the breakdown."""
@@ -156,8 +159,8 @@ def part_eg(folder: Path, *, trees: dict[str, tuple[Path, dict[str, str]]], roun
     bare = [bare_start()]
     for r in range(rounds):
         order = list(enumerate(trees.items()))
-        for i, (name, (tree, env)) in order if r % 2 == 0 else reversed(order):
-            runs[name].append(cli_suite(tree, folder / f"suite-{i}-round{r}.jsonl", scenarios, env))
+        for i, (name, (tree, env, extra)) in order if r % 2 == 0 else reversed(order):
+            runs[name].append(cli_suite(tree, folder / f"suite-{i}-round{r}.jsonl", scenarios, env, extra))
         bare.append(bare_start())
     g = statistics.median(bare)
     what = "suite with the HF pack" if not scenarios else f"suite of {', '.join(scenarios)}"[:29]
@@ -239,20 +242,23 @@ def main() -> int:
     unknown = parts - {"ab", "cd", "e", "f"}
     if unknown:
         parser.error(f"unknown part(s): {', '.join(sorted(unknown))}")
-    trees = {"this checkout": (ROOT, {})}
+    trees: dict[str, tuple[Path, dict[str, str], list[str]]] = {"this checkout": (ROOT, {}, [])}
     for column in args.column:
-        label, _, assignment = column.rpartition(":")
+        label, _, assignment = column.partition(":")
+        if assignment.startswith("--"):  # harness run options
+            trees[label] = (ROOT, {}, assignment.split())
+            continue
         name, eq, value = assignment.partition("=")
         if not (label and name and eq):
-            parser.error(f"--column {column!r}: expected LABEL:NAME=VALUE")
-        trees[label] = (ROOT, {name: value})
+            parser.error(f"--column {column!r}: expected LABEL:NAME=VALUE or LABEL:--option [value]")
+        trees[label] = (ROOT, {name: value}, [])
     if args.each_cut:
-        trees |= {f"without {name}": (ROOT, {CUTS_ENV: name}) for name in CUTS}
-        trees["without any cut"] = (ROOT, {CUTS_ENV: "all"})
+        trees |= {f"without {name}": (ROOT, {CUTS_ENV: name}, []) for name in CUTS}
+        trees["without any cut"] = (ROOT, {CUTS_ENV: "all"}, [])
     for other in args.against:
         if not (Path(other) / "harness" / "__main__.py").is_file():
             parser.error(f"--against {other}: not a checkout of this project (no harness/__main__.py)")
-        trees[str(other)] = (Path(other).resolve(), {})
+        trees[str(other)] = (Path(other).resolve(), {}, [])
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
     if "e" in parts and not args.scenario and importlib.util.find_spec("transformers") is None:

@@ -2,7 +2,11 @@
 produced, the gloo AVG sum modelled only where declared, a sum anywhere else a finding."""
 
 import copy
+import json
+import subprocess
+import sys
 
+import pytest
 import torch
 from torch import nn
 
@@ -10,6 +14,7 @@ from harness.plan.cells import Cell
 from harness.rank import judging
 from harness.spec import Scenario
 from harness.train.reference import GLOO_AVG_FIX, GLOO_AVG_SUMS, run_reference
+from tests.support import ROOT
 
 
 def _linear():
@@ -75,3 +80,21 @@ def test_observed_snapshots_survive_the_file_between_processes(tmp_path):
     judging.save_observed(tmp_path / "o.pt", observed)
     back = judging.load_observed(tmp_path / "o.pt")
     assert judging.judge(s, back, _cell()) == judging.judge(s, observed, _cell())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("module, worst", [("self_judging_clip.py", "clipped"), ("self_judging_optimizer.py", "param")])
+def test_a_patch_set_that_changes_clipping_or_the_optimizer_is_judged_against_stock_torch(tmp_path, module, worst):
+    """The reference runs in a process forked before any patch was installed: a module that
+    replaces clip_grad_norm_ or an optimizer step is not compared with itself (before: pass,
+    max |diff| 0)."""
+    out = tmp_path / "r.jsonl"
+    res = subprocess.run([sys.executable, "-m", "harness", "run", "--quiet", "--scenario", "plain", "--world-size", "2",
+                          "--variant", "vanilla", "--variant", "deployed", "--patches",
+                          str(ROOT / "tests" / "fixtures" / module), "--out", str(out)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    by = {r["variant"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert by["vanilla"]["status"] == "pass", res.stdout + res.stderr
+    deployed = by["deployed"]
+    assert deployed["status"] == "mismatch" and f" {worst} " in deployed["worst"], deployed["worst"]
+    assert deployed["max_abs_diff"] > 0 and res.returncode == 1

@@ -80,6 +80,9 @@ def judge(scenario: Scenario, observed: list[StepTensors], cell: Cell,
     fields["resources"] = observed[0].resources if observed else None
     if scenario.resource_check and (problems := growth_problems(fields["resources"])) and fields["status"] == "pass":
         fields.update(status="mismatch", worst="resources: " + "; ".join(problems))
+    if (problems := observed[0].sharding if observed else None) and fields["status"] == "pass":
+        fields.update(status="mismatch", worst="sharding: " + "; ".join(problems[:3])
+                      + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""))
     if result.reference_nonfinite:
         fields.update(status="error", exc_type="ScenarioError",
                       exc_msg=f"the reference itself is non-finite ({', '.join(result.reference_nonfinite[:3])}): "

@@ -32,6 +32,7 @@ from harness.train.gather import Deferred, gather_full, plain_placements
 from harness.train.meta_init import init_on
 from harness.train.norm_group import rehome
 from harness.train.probe import Probes, measure_reduction
+from harness.train.requested import sharding_problems
 from harness.train.step import StepTensors
 
 __all__ = ["FsdpSide", "build_model", "train"]
@@ -64,6 +65,7 @@ def train(scenario: Scenario, cell: Cell, utilities: dict[str, Any], rank: int, 
         observed[0].reduction_sums = sums
         observed[0].ledger = side.ledger.rows() if side.ledger is not None else None
         observed[0].resources = side.resources or None
+        observed[0].sharding = sharding_problems(model, scenario, cell)
     return observed
 
 

@@ -32,6 +32,8 @@ and the per-rank gradients are upcast to ``reduce_dtype`` before they are averag
 from __future__ import annotations
 
 import copy
+import functools
+import math
 
 import torch
 from torch import nn
@@ -229,8 +231,19 @@ class ReferenceSide:
         return {n: (None if p.grad is None else p.grad.detach().clone()) for n, p in self.named.items()}, {}
 
     def clip(self, clip: Clip) -> float:
+        """torch's ``clip_grad_norm_``; for bf16/fp16 grads and a finite norm, the norm accumulated
+        in fp32 and rounded once to the grads' dtype (torch rounds every parameter's norm to it)."""
         with_grad = [p for p in self.named.values() if p.grad is not None]
-        return float(torch.nn.utils.clip_grad_norm_(with_grad, clip.max_norm, clip.norm_type, foreach=False))
+        grads = [p.grad for p in with_grad]
+        if math.isinf(clip.norm_type) or not any(g.dtype in (torch.bfloat16, torch.float16) for g in grads):
+            return float(torch.nn.utils.clip_grad_norm_(with_grad, clip.max_norm, clip.norm_type, foreach=False))
+        per_param = torch.stack([torch.linalg.vector_norm(g.float(), clip.norm_type) for g in grads])
+        total = torch.linalg.vector_norm(per_param, clip.norm_type).to(functools.reduce(torch.promote_types,
+                                                                                      [g.dtype for g in grads]))
+        coef = torch.clamp(float(clip.max_norm) / (total + 1e-6), max=1.0)
+        for g in grads:
+            g.mul_(coef)
+        return float(total)
 
     def params(self) -> dict[str, torch.Tensor]:
         return {n: p.detach().clone() for n, p in self.named.items()}

@@ -42,3 +42,6 @@ class StepTensors:
     ledger: list[list[Any]] | None = None
     #: what the rank held after every step (FSDP2 side, first snapshot only): ``harness.train.resources`` rows
     resources: list[list[Any]] | None = None
+    #: how the sharding FSDP2 applied differs from the scenario's (FSDP2 side, first snapshot only;
+    #: ``harness.train.requested``): one line per parameter and field
+    sharding: list[str] | None = None
