@@ -20,7 +20,8 @@ the bug is fixed natively.
 * ``patch_fsdp_shard_by_dtype`` (bug K): parameters of several dtypes in one unit; it
   wraps ``torch.distributed.fsdp.fully_shard`` with ``fully_shard_by_dtype``, also exported.
 
-``apply_all`` installs the four in a working order (A before E). The gradient
+``apply_all`` installs all eight in a working order (``PATCHES``: A before E, which sits
+around A). The gradient
 utilities ``clip_grad_norm_``, ``get_total_grad_norm`` and ``scale_grads_`` (bugs F, G,
 H) are re-exported from ``fsdp_patches.grads``; ``finalize_backward(root)`` (bug O) reduces the
 grads of an accumulation window run with gradient sync off, from ``fsdp_patches.finalize``.
@@ -85,5 +86,5 @@ PATCHES: dict[str, Callable[[], PatchResult]] = {
 
 
 def apply_all() -> dict[str, PatchResult]:
-    """Install every patch (A, B, C, then E, which sits around A) and return the results."""
+    """Install every patch of ``PATCHES`` in its order (E after A, which it sits around); the results by name."""
     return {name: install() for name, install in PATCHES.items()}

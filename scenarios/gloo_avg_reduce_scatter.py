@@ -2,7 +2,7 @@
 
 A silent-correctness bug: on CPU, torch 2.7 and 2.8 give grads shard-size times too large.
 Every other scenario's reference models the sum where a cell measures it (before
-training, with the cell's patch set installed: ``harness.train.fsdp.reduction_sums``),
+training, with the cell's patch set installed: ``harness.train.probe.reduction_sums``),
 so that they can judge the other patches (their records and the report name that
 adjustment); this one judges against the true mean, so the bug itself is reported.
 ``gloo_reduce_scatter_avg`` (``fsdp_patches.gloo_avg``) makes FSDP2 sum and divide by

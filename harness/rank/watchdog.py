@@ -6,7 +6,7 @@ the reference. At the cell's deadline a watchdog thread
 
 * interrupts Python code that is stuck (``SIGALRM`` to the main thread; its handler
   raises ``CellTimeout`` while user code runs), and
-* shuts this process's collective sockets (``harness.peers.shutdown_peer_sockets``), so a
+* shuts this process's collective sockets (``harness.rank.peers.shutdown_peer_sockets``), so a
   rank blocked in a gloo collective fails at once instead of at gloo's own timeout.
 
 So a hung cell is recorded as a hang within its timeout plus a second or so, in the

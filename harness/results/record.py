@@ -229,7 +229,7 @@ _FIELDS = _field_kinds()
 
 def new_record(cell, *, run_id: str, launch_id: str, patches_module: str, t0: float, status: str,
                patches_module_id: str = "", **outcome: Any) -> Record:
-    """A record of ``cell`` (a ``harness.plan.Cell``) with its outcome fields."""
+    """A record of ``cell`` (a ``harness.plan.cells.Cell``) with its outcome fields."""
     info = torch_info()
     rec = Record(
         run_id=run_id, launch_id=launch_id, cell=cell.index,
