@@ -9,10 +9,9 @@ files in a launch folder and torchrun's store. This module is everything they ag
   (what the ranks print), the **progress** file (one JSON line per cell start, with the
   global ranks that run it), and per rank a **phase** file (where the rank is now: the
   launcher reads it after a kill to say where each rank was), a **crash** file
-  (faulthandler's report when a fatal signal kills the rank) and an **exit** file (the
-  exit code and phase when code under test ends the rank with ``os._exit``);
-* the **phase** vocabulary (``phase_key`` orders phases so a hang can be blamed on the
-  rank that is behind);
+  (faulthandler's report on a fatal signal), an **exit** file (the exit code and phase when
+  code under test ends the rank with ``os._exit``), and what the reference process reads;
+* the **phase** vocabulary (``phase_key`` orders phases: a hang is blamed on the rank behind);
 * the **store keys** through which the ranks of a cell agree on its outcome
   (``CellKeys``) and the ranks of a launch meet at the end of a stage (``stage_done``).
 """
@@ -123,6 +122,10 @@ class LaunchPlan:
     def verdict_file(self, cell: int) -> Path:
         """The reference process's outcome fields for ``cell`` (JSON)."""
         return self._file(f"cell{cell}.verdict.json")
+
+    def references_folder(self) -> Path:
+        """The references this launch's cells computed, for its later cells to reuse (``harness.train.reuse``)."""
+        return self._file("references")
 
     def dump(self) -> Path:
         Path(self.folder).mkdir(parents=True, exist_ok=True)

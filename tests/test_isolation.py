@@ -12,6 +12,29 @@ import pytest
 from tests.support import ROOT
 
 
+def test_an_added_callable_is_taken_out_unnamed_and_a_replaced_one_named():
+    """transformers adds ``torch.nn.Module.smart_apply`` at a model's first init: torch never
+    calls it, so it is put back without a caveat; a replaced torch function is named."""
+    import torch
+
+    from harness.rank.leaks import TorchAttributes
+
+    snap = TorchAttributes.take()
+    linear = torch.nn.functional.linear
+    torch.nn.Module.smart_apply = lambda self, fn: fn(self)
+    torch.nn.functional.linear = lambda *a, **kw: linear(*a, **kw) * 1.01
+    try:
+        assert "torch.nn.modules.module.Module.smart_apply" in snap.changes()
+        assert snap.changes(added=False) == ["torch.nn.functional.linear"]
+        assert snap.restore() == ["torch.nn.functional.linear"]
+        assert not hasattr(torch.nn.Module, "smart_apply") and torch.nn.functional.linear is linear
+        assert snap.changes() == []
+    finally:
+        torch.nn.functional.linear = linear
+        if "smart_apply" in vars(torch.nn.Module):
+            del torch.nn.Module.smart_apply
+
+
 def test_snapshot_restores_torch_and_reinstall_is_fresh():
     script = textwrap.dedent('''
         import importlib, sys

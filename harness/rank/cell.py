@@ -130,7 +130,7 @@ class CellRun:
             outcome.left_state = before.settle(put_back=not self.forked)
             # torch's functions and methods the cell's own code replaced (its patch set's are its set's)
             if self.forked:
-                replaced = [n for n in self.baseline.changes() if n not in self.patch_changes] if rank == 0 else []
+                replaced = [n for n in self.baseline.changes(added=False) if n not in self.patch_changes] if rank == 0 else []
             else:
                 replaced = self.baseline.restore(keep=self.installed)
             outcome.left_state += [f"left {name} replaced" for name in replaced]

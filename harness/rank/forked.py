@@ -249,7 +249,8 @@ def _reference_process(plan: LaunchPlan, scenarios: dict, *, index: int, install
         if cuts.enabled("gc_freeze"):
             gc.freeze()
         try:
-            fields = judge(scenario_for(scenarios, cell), load_observed(plan.observed_file(index)), cell, installs)
+            fields = judge(scenario_for(scenarios, cell), load_observed(plan.observed_file(index)), cell, installs,
+                           references=plan.references_folder())
         except Exception as e:  # a broken reference must not lose the cell
             fields = dict(status="error", exc_type=type(e).__name__, exc_msg=f"reference/compare failed: {e}"[:500],
                           traceback=traceback.format_exc()[-8000:])

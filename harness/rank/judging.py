@@ -8,7 +8,8 @@ ran, so the reference never runs under the patch set it judges (a patched
 anything an earlier cell left behind. The cell's process saves what FSDP2 produced
 (``save_observed``); the reference process reads it, writes its fields
 (``LaunchPlan.verdict_file``) and exits. The reference is one step at a time from what
-FSDP2 produced (``harness.train.reference``), so it is computed once per cell.
+FSDP2 produced (``harness.train.reference``), so it is computed per cell, and read back by a
+later cell of the launch whose FSDP2 side produced the same tensors (``harness.train.reuse``).
 
 Backend quirks are modelled only where declared (``harness.train.reference.quirks_for``):
 the gloo AVG sum on torch < 2.9 in a cell without its fix. The cell measures whether its
@@ -35,6 +36,7 @@ from harness.train.ledger import check_problems
 from harness.train.meta_init import as_meta
 from harness.train.reference import GLOO_AVG_FIX, gloo_avg_declared, quirks_for, run_reference
 from harness.train.resources import growth_problems
+from harness.train.reuse import reference_key, reused
 from harness.train.step import StepTensors
 
 __all__ = ["dump", "judge", "load_observed", "save_observed", "scenario_for"]
@@ -52,10 +54,11 @@ def scenario_for(scenarios: dict[str, Scenario], cell: Cell) -> Scenario:
 
 
 def judge(scenario: Scenario, observed: list[StepTensors], cell: Cell,
-          installs: dict[str, dict[str, str]] | None = None) -> dict[str, Any]:
+          installs: dict[str, dict[str, str]] | None = None, references: Path | None = None) -> dict[str, Any]:
     """The outcome fields of a cell whose every rank trained: the reference (one step at a
     time from ``observed``), the comparison, the ledger and resource checks. ``installs``:
-    the cell's patch install outcomes (whether the gloo AVG fix is in force)."""
+    the cell's patch install outcomes (whether the gloo AVG fix is in force); ``references``:
+    the launch's folder of references to reuse (``harness.train.reuse``)."""
     sums = observed[0].reduction_sums if observed else None
     fixed = (installs or {}).get(GLOO_AVG_FIX, {}).get("status") in _IN_FORCE
     quirks, findings = [], []
@@ -68,7 +71,9 @@ def judge(scenario: Scenario, observed: list[StepTensors], cell: Cell,
             findings.append(f"gloo reduction summed where FSDP2 asks for an average ({where}): judged against "
                             "the true mean")
     CLOCK.enter("reference")
-    reference = run_reference(scenario, cell.world_size, quirks=quirks, observed=observed)
+    what = f"{cell.scenario}|{cell.init}|{cell.variant == 'api'}|{cell.device}|{cell.world_size}|{quirks}"
+    reference, _ = reused(references, reference_key(what, observed),
+                          lambda: run_reference(scenario, cell.world_size, quirks=quirks, observed=observed))
     CLOCK.enter("compare")
     result = compare.compare_runs(observed, reference)
     fields = {**result.as_record_fields(), "reference_quirks": quirks, "status": "pass" if result.ok else "mismatch"}

@@ -50,7 +50,7 @@ class Tolerance:
 
 
 #: ``rel`` per dtype, each set just above the largest noise of a correct run, measured over the
-#: full CPU matrix (9 torch versions, 2,406 passing records, AVX2 kernels, 2026-12-04): fp32
+#: full CPU matrix (9 torch versions, 2,406 passing records, AVX-512 kernels, 2026-12-04): fp32
 #: grads 7.4e-7, post-step params 1.8e-6 of their update, clipped grads 9.9e-6 (a uniform
 #: clip-coefficient difference from the 1e-6 torch adds to a sharded norm); bf16 grads 3.7e-3
 #: (k2's API route all-gathers fp32-stored weights in bf16), so one bf16 ulp; fp16 8.0e-5.
