@@ -65,7 +65,7 @@ def train(scenario: Scenario, cell: Cell, utilities: dict[str, Any], rank: int, 
         observed[0].reduction_sums = sums
         observed[0].ledger = side.ledger.rows() if side.ledger is not None else None
         observed[0].resources = side.resources or None
-        observed[0].sharding = sharding_problems(model, scenario, cell)
+        observed[0].sharding = sharding_problems(model, scenario, cell, ledger=observed[0].ledger)
     return observed
 
 
