@@ -1,5 +1,6 @@
-"""E across steps, the other way round: ``sometimes`` is used in step 0 only, and
-``zero_grad(set_to_none=True)`` runs after it.
+"""E across steps, the other way round: ``sometimes`` is used in step 0 only, then set to None.
+
+``zero_grad(set_to_none=True)`` runs after step 0.
 
 With unused-param reduction on, step 1 zero-fills ``sometimes``: it had no grad left from
 step 0 (set to None), so E's patch must give it back None again. A patch whose "used in this
@@ -7,16 +8,10 @@ window" flag outlives the window (never reset after step 0) keeps the zero grad,
 decays the weight. ``e_param_used_in_one_step`` (used in step 1 only) cannot show that.
 """
 
-from harness.spec import Expect, Scenario, Sharding, accumulate, mean_square
-from scenarios._models import Gated, randn_batch
+from harness.spec import mean_square
+from scenarios.e_param_used_in_one_step import SCENARIO as USED_IN_STEP_1
 
-SCENARIO = Scenario(
-    model=lambda: Gated("sometimes"),
-    batch=randn_batch(),
+SCENARIO = USED_IN_STEP_1.replace(
     forward=lambda model, x, ctx: mean_square(model(x, use=("sometimes",) if ctx.step == 0 else ())),
-    sharding=Sharding(reduce_scatter_unused_params=True),
-    schedule=accumulate(2),
     world_sizes=(2, 4),
-    patches=("unused_param_reduction", "restore_unused_param_grads"),
-    expect=(Expect(status="mismatch", torch=">=2.13", match="reference None", fixed_by="restore_unused_param_grads"),),
 )

@@ -8,23 +8,15 @@ dtype") leaves the unit mixed here, and only here (K1 and K2 set no compute dtyp
 """
 
 import torch
-from torch import nn
 
 from harness.spec import Expect, Scenario, Sharding
-from scenarios._dtype_mix import BF16
-from scenarios._models import IN, randn_batch
+from scenarios._dtype_mix import BF16, RoutedExperts
+from scenarios._models import randn_batch
 
 
-class CastingExperts(nn.Module):
+class CastingExperts(RoutedExperts):
     """K2's layout (two bf16 experts and an fp32 router under ``moe``, a bf16 ``out``), each layer
     computing in its weight's dtype: under a ``param_dtype`` every layer computes in that."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.moe = nn.Module()
-        self.moe.router = nn.Linear(IN, 2)
-        self.moe.experts = nn.ModuleList(nn.Linear(IN, 5).to(BF16) for _ in range(2))
-        self.out = nn.Linear(5, 3).to(BF16)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         router = self.moe.router
