@@ -94,7 +94,7 @@ def _parser() -> argparse.ArgumentParser:
                           "order_seed): an outcome that changes with the order depends on an earlier cell")
     run.add_argument("--init", choices=["full", "meta"], default="full",
                      help="meta: build every model on the meta device, shard, to_empty, reset_parameters (with "
-                          "meta_init_full_rng on CPU); a model that cannot be built so is skipped with the reason")
+                          "meta_init_full_rng); a model that cannot be built so is skipped with the reason")
     run.add_argument("--fault", action="append", default=[], choices=[*FAULT_NAMES, "all"],
                      help="inject a fault on the FSDP2 side of every cell documented to pass (repeatable; all: each "
                           "in turn): each must become a mismatch naming every parameter it changed")

@@ -41,7 +41,7 @@ class TinyMoE(nn.Module):
     def forward(self, x: torch.Tensor, shift: int = 0) -> torch.Tensor:
         h = torch.tanh(self.inp(x))
         gate = torch.softmax(self.router(h), dim=-1)
-        choice = (torch.arange(h.shape[0]) + shift) % EXPERTS  # every expert gets a token
+        choice = (torch.arange(h.shape[0], device=h.device) + shift) % EXPERTS  # every expert gets a token
         mixed = torch.zeros_like(h)
         for e, expert in enumerate(self.experts):
             rows = (choice == e).nonzero().flatten()

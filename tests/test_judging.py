@@ -98,3 +98,14 @@ def test_a_patch_set_that_changes_clipping_or_the_optimizer_is_judged_against_st
     deployed = by["deployed"]
     assert deployed["status"] == "mismatch" and f" {worst} " in deployed["worst"], deployed["worst"]
     assert deployed["max_abs_diff"] > 0 and res.returncode == 1
+
+
+def test_the_reference_runs_on_the_cells_device_and_says_where_it_could_not():
+    cpu = _cell()
+    assert judging.reference_device(cpu) == (torch.device("cpu"), None)
+    cuda = copy.replace(cpu, device="cuda", backend="nccl") if hasattr(copy, "replace") else \
+        Cell(**{**cpu.__dict__, "device": "cuda", "backend": "nccl"})
+    if torch.cuda.is_available():
+        assert judging.reference_device(cuda) == (torch.device("cuda", torch.cuda.current_device()), None)
+    else:  # this machine: the reference falls back to the CPU, and the record's quirks say so
+        assert judging.reference_device(cuda) == (torch.device("cpu"), judging.CPU_REFERENCE)

@@ -174,3 +174,48 @@ def test_per_use_upcast_from_2_15_is_modelled_for_the_first_no_sync_micro_batch(
     assert torch.equal(with_quirk, (a_in.float() + a_out.float()) + (b_in + b_out).float())
     assert torch.equal(without, (a_in + a_out).float() + (b_in + b_out).float())
     assert not torch.equal(with_quirk, without)
+
+
+def _clip_faults(max_norm: float, dtype: torch.dtype) -> dict[str, set[str]]:
+    """The kinds of diff each clip fault shows, judged one step from 'FSDP2' tensors that are
+    the reference's own, then tampered with."""
+    import copy
+    import math
+
+    from harness.spec import Clip, mean_square
+    from harness.train.compare import compare_runs
+    from scenarios._models import MLP, randn_batch
+
+    s = Scenario(model=lambda: MLP().to(dtype), batch=randn_batch(), steps=1,
+                 forward=lambda model, x, ctx: mean_square(model(x.to(dtype))),
+                 clip=Clip(max_norm=max_norm, norm_type=2.0), world_sizes=(2,))
+    own = run_reference(s, 2)
+    assert own[0].grad_norm > 2 * max_norm  # the clip acts
+
+    def faulted(norm_factor: float, coef_factor: float):
+        observed = copy.deepcopy(own)
+        snap = observed[0]
+        snap.grad_norm = own[0].grad_norm * norm_factor
+        coef = max_norm / (snap.grad_norm + 1e-6) * coef_factor
+        snap.clipped = {n: None if g is None else (g.double() * coef).to(dtype) for n, g in snap.grads.items()}
+        return observed
+
+    kinds = {}
+    for name, (norm_factor, coef_factor) in {"none": (1, 1), "norm": (2, 1), "scale": (1, 0.5)}.items():
+        observed = faulted(norm_factor, coef_factor)
+        result = compare_runs(observed, run_reference(s, 2, observed=observed))
+        # the tampered clipped grads were not stepped with here, so post-step params are not looked at
+        kinds[name] = {d.kind for d in result.diffs if not d.ok and d.kind != "param"}
+        assert math.isfinite(result.ref_grad_norm)
+    return kinds
+
+
+def test_the_clip_is_judged_as_one_operation_from_fsdps_grads_and_its_norm():
+    """The reference clips the grads FSDP2 clipped by the norm FSDP2's clip returned: a wrong
+    norm shows in the norm alone (clipped by it, the grads are what that norm makes), a wrong
+    scale in the clipped grads alone; the grads before the clip agree in both."""
+    assert _clip_faults(0.05, torch.float32) == {"none": set(), "norm": {"grad_norm"}, "scale": {"clipped"}}
+
+
+def test_the_clip_of_bf16_grads_is_judged_the_same_way():
+    assert _clip_faults(0.01, torch.bfloat16) == {"none": set(), "norm": {"grad_norm"}, "scale": {"clipped"}}

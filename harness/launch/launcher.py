@@ -273,10 +273,10 @@ def _start(plan: LaunchPlan, plan_path: Path, log_path: Path, opts: LaunchOption
         rdzv = ["--standalone"]
     cmd = [opts.python, "-m", "torch.distributed.run", *rdzv, "--nproc-per-node", str(world // opts.nnodes),
            "-m", "harness.rank.worker", "--plan", str(plan_path.resolve())]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    env.setdefault("OMP_NUM_THREADS", "1")
+    env = {"OMP_NUM_THREADS": "1", **os.environ, "PYTHONUNBUFFERED": "1"}
     env["PYTHONPATH"] = os.pathsep.join([str(PROJECT_ROOT), *filter(None, [env.get("PYTHONPATH")]), *opts.python_path])
-    if plan.device == "cuda":
+    if plan.device == "cuda":  # NVML answers is_available(): a driver initialized before the zygote forks breaks its children
+        env.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
         env["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_slice(visible_gpus(), *worker_slot(), world // opts.nnodes))
     log_path.write_text("$ " + " ".join(cmd) + "\n")
     return procs.start(cmd, env=env, cwd=PROJECT_ROOT, log=log_path)

@@ -70,10 +70,14 @@ def judge(scenario: Scenario, observed: list[StepTensors], cell: Cell,
             where = "with its fix installed" if fixed else f"on torch {torch.__version__}"
             findings.append(f"gloo reduction summed where FSDP2 asks for an average ({where}): judged against "
                             "the true mean")
+    device, caveat = reference_device(cell)
+    if caveat:
+        quirks = [*quirks, caveat]
     CLOCK.enter("reference")
     what = f"{cell.scenario}|{cell.init}|{cell.variant == 'api'}|{cell.device}|{cell.world_size}|{quirks}"
     reference, _ = reused(references, reference_key(what, observed),
-                          lambda: run_reference(scenario, cell.world_size, quirks=quirks, observed=observed))
+                          lambda: run_reference(scenario, cell.world_size, quirks=quirks, observed=observed,
+                                                        device=device))
     CLOCK.enter("compare")
     result = compare.compare_runs(observed, reference)
     fields = {**result.as_record_fields(), "reference_quirks": quirks, "status": "pass" if result.ok else "mismatch"}
@@ -99,13 +103,35 @@ def judge(scenario: Scenario, observed: list[StepTensors], cell: Cell,
                                       failed=[d for d in result.diffs if not d.ok]))
         fields.update(symptom_seen=saw is None, symptom=saw or "seen")
     if cell.fault is not None:
-        affected = _affected(scenario, cell, reference, quirks)
+        affected = _affected(scenario, cell, reference, quirks, device)
         caught = {d.name for d in result.diffs if d.step == 0 and not d.ok and d.kind in ("grad", "presence", "replicas")}
         fields.update(fault=cell.fault, fault_affected=sorted(affected), fault_missed=sorted(affected - caught))
     return fields
 
 
-def _affected(scenario: Scenario, cell: Cell, reference: list[StepTensors], quirks: list[str]) -> set[str]:
+#: the reference's caveat where a cuda cell's reference could not run on the GPU
+CPU_REFERENCE = "reference on the CPU: CUDA unusable in the reference process (initialized before its fork)"
+
+
+def reference_device(cell: Cell) -> tuple[torch.device, str | None]:
+    """Where the reference runs: the cell's device, so both sides use the same kernels (a
+    CPU reference for a GPU cell differs by more than rounding where a tensor is noise-sized,
+    ``harness.train.reference``). A cuda cell's reference process is forked from a zygote
+    that never initialized CUDA (``harness.rank.worker``); if CUDA is unusable there anyway,
+    the CPU, and the caveat on the record's ``reference_quirks``."""
+    if cell.device != "cuda":
+        return torch.device("cpu"), None
+    if torch.cuda._is_in_bad_fork() or not torch.cuda.is_available():
+        return torch.device("cpu"), CPU_REFERENCE
+    try:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    except RuntimeError as e:  # the driver initialized before the fork, not through torch
+        raise RuntimeError(f"the reference process cannot use CUDA (initialized before its zygote forked?): {e}") from e
+    return torch.device("cuda", torch.cuda.current_device()), None
+
+
+def _affected(scenario: Scenario, cell: Cell, reference: list[StepTensors], quirks: list[str],
+              device: torch.device) -> set[str]:
     """The parameters whose step-0 grad ``cell.fault`` changes: for a grad fault every grad that
     is not all zero; for a loss fault those whose grad the reference, with the fault modelled,
     gets different."""
@@ -115,8 +141,8 @@ def _affected(scenario: Scenario, cell: Cell, reference: list[StepTensors], quir
     if fault.loss_factor is None:
         return {n for n, g in grads.items() if g is not None and bool(g.abs().max() > 0)}
     one_step = scenario.replace(steps=1)
-    clean = run_reference(one_step, cell.world_size, quirks=quirks)[0].grads
-    faulted = run_reference(faulty_forward(one_step, fault), cell.world_size, quirks=quirks)[0].grads
+    clean = run_reference(one_step, cell.world_size, quirks=quirks, device=device)[0].grads
+    faulted = run_reference(faulty_forward(one_step, fault), cell.world_size, quirks=quirks, device=device)[0].grads
     return {n for n in clean if (clean[n] is None) != (faulted.get(n) is None)
             or (clean[n] is not None and not torch.equal(clean[n], faulted[n]))}
 

@@ -61,8 +61,6 @@ def main(argv: list[str] | None = None) -> None:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     # tells the launcher at once which rank a fatal signal killed
     faulthandler.enable(file=open(plan.crash_file(rank), "w"))  # noqa: SIM115 (kept open for the process)
-    if plan.device == "cuda":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     scenarios = load_scenarios(plan.scenario_dirs).scenarios
     CLOCK.enter("preload")
     mine = _cells_of(plan, rank)
@@ -77,6 +75,10 @@ def main(argv: list[str] | None = None) -> None:
     CLOCK.enter("rendezvous")
     # before any cell, thread or store connection: forked cells and every reference run in its forks
     zygote = Zygote.start(plan, scenarios, baseline)
+    if plan.device == "cuda":
+        # only now, in the worker: CUDA initialized before the fork would leave the zygote's
+        # children (every reference, on the cell's device) unable to use it
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     store = peers.connect_store(world)
     watchdog = Watchdog(plan.phase_file(rank), on_expire=peers.unblock)
     note_exits(watchdog, plan.exit_file(rank))  # a patch that calls os._exit: the launcher names rank, code, phase

@@ -53,11 +53,16 @@ class Tolerance:
 #: full CPU matrix (9 torch versions, 2,406 passing records, AVX-512 kernels, 2026-12-04): fp32
 #: grads 7.4e-7, post-step params 1.8e-6 of their update, clipped grads 9.9e-6 (a uniform
 #: clip-coefficient difference from the 1e-6 torch adds to a sharded norm); bf16 grads 3.7e-3
-#: (k2's API route all-gathers fp32-stored weights in bf16), so one bf16 ulp; fp16 8.0e-5.
+#: (k2's API route all-gathers fp32-stored weights in bf16), so one bf16 ulp; fp16 8.0e-5. On a
+#: GPU (H200, torch 2.11, reference on the same GPU) the GEMMs behind a grad accumulate in an
+#: order the library picks by shape and alignment, and FSDP2's all-gathered weights are laid out
+#: otherwise than the reference's: low-precision grads then differ by one rounding of the
+#: output, measured 0.92 fp16 ulp and 0.95 bf16 ulp of the tensor's largest element. So both
+#: low-precision dtypes get one ulp (``eps``); fp32 grads there agreed to the bit (60 passing cells).
 TOLERANCES: dict[torch.dtype, Tolerance] = {
     torch.float32: Tolerance(dtype="float32", rel=2e-5),
     torch.bfloat16: Tolerance(dtype="bfloat16", rel=torch.finfo(torch.bfloat16).eps),
-    torch.float16: Tolerance(dtype="float16", rel=5e-4),
+    torch.float16: Tolerance(dtype="float16", rel=torch.finfo(torch.float16).eps),
     # the scenarios' losses reduce in fp32 (``mean_square``): fp64 grads carry fp32's rounding
     torch.float64: Tolerance(dtype="float64", rel=2e-5),
 }

@@ -29,7 +29,7 @@ from harness.train import recipe
 from harness.train import resources as held
 from harness.train.faults import fault_named
 from harness.train.gather import Deferred, gather_full, plain_placements
-from harness.train.meta_init import init_on
+from harness.train.meta_init import init_on, materialized_on
 from harness.train.norm_group import rehome
 from harness.train.probe import Probes, measure_reduction
 from harness.train.requested import sharding_problems
@@ -115,7 +115,7 @@ def build_model(scenario: Scenario, mesh: DeviceMesh, device_type: str, api: Pub
         fsdp_public.fully_shard(model.get_submodule(fqn), **kwargs)
     fsdp_public.fully_shard(model, **kwargs)
     if s.init == "meta":
-        init_on(model, _rank_device(device_type))
+        init_on(model, materialized_on(s, _rank_device(device_type)))
     if s.reduce_scatter_unused_params:
         for module in model.modules():  # the setter does not reach child FSDP modules
             if hasattr(module, "set_reduce_scatter_unused_params"):

@@ -3,9 +3,9 @@ sub-module's ``reset_parameters()`` under the model seed, as large-model stacks 
 
 ``Sharding(init="meta")`` runs one scenario this way (bug N is about it); ``run --init
 meta`` runs every scenario this way (``as_meta``), with ``meta_init_full_rng``
-(``harness.plan.cells.META_WORKAROUND``) installed in every variant on CPU, where without
-it every rank draws the same random stream for its shard and no scenario's own verdict
-could show. A scenario whose model is not initialised
+(``harness.plan.cells.META_WORKAROUND``) installed in every variant: without it every rank
+draws the same random stream for its shard on CPU, and the values differ from one process's
+on CUDA, and no scenario's own verdict could show. A scenario whose model is not initialised
 by ``reset_parameters`` alone (weights set in ``__init__``, a cast after construction, a
 Hugging Face model's ``_init_weights``) cannot run this way: ``init_gap`` builds it both
 ways in one process and names the first parameter that differs, and the cell is skipped
@@ -19,9 +19,10 @@ import dataclasses
 import torch
 from torch import nn
 
+from harness.scenario.sharding import Sharding
 from harness.scenario.spec import MODEL_SEED, Scenario
 
-__all__ = ["as_meta", "init_gap", "init_on"]
+__all__ = ["as_meta", "build_on_meta", "init_gap", "init_on", "materialized_on"]
 
 
 def init_on(model: nn.Module, device: torch.device) -> None:
@@ -33,6 +34,25 @@ def init_on(model: nn.Module, device: torch.device) -> None:
         reset = getattr(module, "reset_parameters", None)
         if callable(reset):
             reset()
+
+
+def materialized_on(sharding: Sharding, device: torch.device) -> torch.device:
+    """Where a meta-built model is materialised and initialised: the rank's device, or the
+    CPU where its parameters are offloaded (FSDP2 refuses others: "FSDP parameters should be
+    materialized on CPU when enabling CPU offloading"), so ``reset_parameters`` draws from
+    that device's random stream."""
+    return torch.device("cpu") if sharding.offload else device
+
+
+def build_on_meta(scenario: Scenario, device: torch.device) -> nn.Module:
+    """What one process makes of a meta-init recipe on ``device``: the model built on meta,
+    materialised where the sharded run materialises it (``materialized_on``), initialised
+    under the model seed, then moved to ``device``. On the CPU this is the constructor's own
+    model wherever ``init_gap`` finds none; on a GPU the values come from the GPU's stream."""
+    with torch.device("meta"):
+        model = scenario.model()
+    init_on(model, materialized_on(scenario.sharding, device))
+    return model.to(device)
 
 
 def as_meta(scenario: Scenario) -> Scenario:

@@ -23,6 +23,12 @@ another CPU's kernels, every grad within 3.3e-7); and a wrong step (a patched op
 a decayed unused weight) shows at the step where it happens. Without ``observed`` the
 reference runs its own trajectory.
 
+The device: the cell's (``device``): a cuda cell's reference runs on its rank's GPU, with
+the kernels FSDP2 ran with, as a CPU cell's runs on the CPU; the snapshots it returns are
+CPU copies. (Measured on an H200, torch 2.11: judged against a CPU reference, fp16 grads
+differ by 2 ulps and the q/k grads of a tiny attention layer, noise-sized at 1e-10, by
+more than their own size.)
+
 Mixed precision is emulated, not tolerated: each rank's forward and backward run on a
 copy of the model whose parameters (not buffers) are cast to ``param_dtype`` (inputs cast
 like FSDP2's root pre-forward),
@@ -40,6 +46,7 @@ from torch import nn
 
 from harness.scenario.spec import MODEL_SEED, Clip, Ctx, MicroBatch, Scenario, Sharding, move_batch, torch_release
 from harness.train import recipe
+from harness.train.meta_init import build_on_meta
 from harness.train.step import StepTensors
 
 __all__ = ["GLOO_AVG_FIX", "GLOO_AVG_SUMS", "PER_USE_UPCAST", "REDUCE_NONE_FP32", "ReferenceSide", "gloo_avg_declared",
@@ -108,13 +115,20 @@ def _wider_reduce(sharding: Sharding) -> bool:
 
 
 def run_reference(scenario: Scenario, world_size: int, *, quirks: list[str] | None = None,
-                  observed: list[StepTensors] | None = None) -> list[StepTensors]:
+                  observed: list[StepTensors] | None = None,
+                  device: torch.device | str = "cpu") -> list[StepTensors]:
     """Replay ``scenario`` at ``world_size`` ranks (its data-parallel ones) in this process,
-    one step at a time from what FSDP2 produced (``observed``, see above), else on its own."""
+    one step at a time from what FSDP2 produced (``observed``, see above), else on its own;
+    on ``device`` (built like the FSDP2 side's model: on the CPU then moved, or on meta and
+    initialised where the sharded run initialises it, ``harness.train.meta_init``)."""
     torch.manual_seed(MODEL_SEED)
-    model = scenario.model()
+    if scenario.sharding.init == "meta":
+        model = build_on_meta(scenario, torch.device(device))
+    else:
+        model = scenario.model().to(device)
     named = dict(model.named_parameters())
-    side = ReferenceSide(scenario, model, scenario.sharding.data_parallel(world_size), quirks or [], observed)
+    side = ReferenceSide(scenario, model, scenario.sharding.data_parallel(world_size), quirks or [], observed,
+                         device=torch.device(device))
     return recipe.train(scenario, side, named)
 
 
@@ -141,6 +155,11 @@ def _grads(loss: torch.Tensor, trainable: list[tuple[str, nn.Parameter]], upcast
     return [p.grad for _, p in trainable]
 
 
+def _cpu_copy(t: torch.Tensor) -> torch.Tensor:
+    """A private CPU copy (what the comparison reads, whatever device the reference ran on)."""
+    return t.detach().to("cpu", copy=True)
+
+
 def _usable(observed: torch.Tensor | None, own: torch.Tensor) -> bool:
     """Whether FSDP2's tensor can stand in for the reference's own (same shape, finite: a NaN
     on the FSDP side is the comparison's finding, not the reference's input)."""
@@ -151,8 +170,9 @@ class ReferenceSide:
     """The recipe's ``Side`` in one process: every rank replayed, grads averaged by hand."""
 
     def __init__(self, scenario: Scenario, model: nn.Module, world_size: int, quirks: list[str],
-                 observed: list[StepTensors] | None = None) -> None:
+                 observed: list[StepTensors] | None = None, device: torch.device | str = "cpu") -> None:
         self.scenario, self.model, self.world_size, self.observed = scenario, model, world_size, observed
+        self.device = torch.device(device)
         self.named = dict(model.named_parameters())
         self.divisor = world_size
         if GLOO_AVG_SUMS in quirks:  # gloo summed over the shard group; only HSDP's replicate dim averaged
@@ -161,9 +181,11 @@ class ReferenceSide:
         self.reduce_none_fp32 = REDUCE_NONE_FP32 in quirks
         #: per rank, the params with an unsharded grad in the current accumulation window
         self.window: list[set[str]] = [set() for _ in range(world_size)]
+        self.step = 0
 
     def begin_step(self, step: int) -> None:
         """From step 1 on (with ``observed``): start from the params FSDP2 ended the last step with."""
+        self.step = step
         if self.observed is None or step == 0 or step > len(self.observed):
             return
         with torch.no_grad():
@@ -181,7 +203,7 @@ class ReferenceSide:
             for name, p in self.named.items():
                 o = fed.get(name)
                 if p.grad is not None and _usable(o, p):
-                    p.grad = o.to(p.grad.dtype).clone()
+                    p.grad = o.to(p.grad.device, p.grad.dtype).clone()
         before = {name: p.detach().clone() for name, p in self.named.items()}
         optimizer.step()
         for name, p in self.named.items():
@@ -203,7 +225,7 @@ class ReferenceSide:
         for rank in range(self.world_size):
             ctx = Ctx(rank=rank, world_size=self.world_size, step=step, micro_batch=k)
             torch.manual_seed(s.batch_seed(ctx))
-            batch = s.batch(ctx)
+            batch = move_batch(s.batch(ctx), self.device)
             replica = self.model
             if compute_dtype is not None:
                 replica = _cast_params(copy.deepcopy(self.model), compute_dtype)
@@ -228,25 +250,45 @@ class ReferenceSide:
                 p.grad.mul_(factor)
 
     def grads(self) -> tuple[dict[str, torch.Tensor | None], dict[str, list[int]]]:
-        return {n: (None if p.grad is None else p.grad.detach().clone()) for n, p in self.named.items()}, {}
+        return {n: (None if p.grad is None else _cpu_copy(p.grad)) for n, p in self.named.items()}, {}
 
     def clip(self, clip: Clip) -> float:
-        """torch's ``clip_grad_norm_``; for bf16/fp16 grads and a finite norm, the norm accumulated
-        in fp32 and rounded once to the grads' dtype (torch rounds every parameter's norm to it)."""
+        """torch's ``clip_grad_norm_`` (the total norm, then every grad scaled by
+        ``max_norm / (norm + 1e-6)`` in the norm's dtype, at most 1); for bf16/fp16 grads and a
+        finite norm, the norm accumulated in fp32 and rounded once to the grads' dtype (torch
+        rounds every parameter's norm to it). Returns the norm.
+
+        With ``observed`` the clip is judged as one operation, as the params judge the optimizer
+        step alone: it clips the grads FSDP2 clipped (where both sides have one; the grads were
+        judged before it), and scales them by the norm FSDP2's clip returned, which the norm
+        check judges on its own. Measured on an H200 (torch 2.11): bf16 grads of the same GEMMs
+        differ by up to one unit in the last place between FSDP2's all-gathered weights and
+        the reference's, and torch's 2-norm of bf16 grads by one ulp from one accumulated in
+        fp32 (0.0957 vs 0.0962): a clip of each side's own grads by its own norm differed by 2
+        units."""
+        used: float | None = None
+        if self.observed is not None and self.step < len(self.observed):
+            theirs = self.observed[self.step]
+            for name, p in self.named.items():
+                o = theirs.grads.get(name)
+                if p.grad is not None and _usable(o, p.grad):
+                    p.grad = o.to(p.grad.device, p.grad.dtype).clone()
+            if theirs.grad_norm is not None and math.isfinite(theirs.grad_norm):
+                used = theirs.grad_norm
         with_grad = [p for p in self.named.values() if p.grad is not None]
         grads = [p.grad for p in with_grad]
         if math.isinf(clip.norm_type) or not any(g.dtype in (torch.bfloat16, torch.float16) for g in grads):
-            return float(torch.nn.utils.clip_grad_norm_(with_grad, clip.max_norm, clip.norm_type, foreach=False))
-        per_param = torch.stack([torch.linalg.vector_norm(g.float(), clip.norm_type) for g in grads])
-        total = torch.linalg.vector_norm(per_param, clip.norm_type).to(functools.reduce(torch.promote_types,
-                                                                                      [g.dtype for g in grads]))
-        coef = torch.clamp(float(clip.max_norm) / (total + 1e-6), max=1.0)
-        for g in grads:
-            g.mul_(coef)
+            total = torch.nn.utils.get_total_norm(grads, clip.norm_type, foreach=False)
+        else:
+            per_param = torch.stack([torch.linalg.vector_norm(g.float(), clip.norm_type) for g in grads])
+            total = torch.linalg.vector_norm(per_param, clip.norm_type).to(
+                functools.reduce(torch.promote_types, [g.dtype for g in grads]))
+        scale_by = total if used is None else torch.tensor(used, dtype=total.dtype, device=total.device)
+        torch.nn.utils.clip_grads_with_norm_(with_grad, clip.max_norm, scale_by, foreach=False)
         return float(total)
 
     def params(self) -> dict[str, torch.Tensor]:
-        return {n: p.detach().clone() for n, p in self.named.items()}
+        return {n: _cpu_copy(p) for n, p in self.named.items()}
 
     def flush(self) -> None:
         """Nothing to complete: every snapshot is already a private copy."""
