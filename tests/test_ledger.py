@@ -89,8 +89,17 @@ def test_version_changes_in_release_order():
     records = [Record.from_json(record_fields(**base, torch=t, ledger=_rows(dtype)))
                for t, dtype in (("2.15.0+cpu", "float32"), ("2.9.1", "bfloat16"), ("2.14.1", "bfloat16"))]
     assert version_changes(ledger_summaries(records)) == [
-        "s [vanilla, cpu, w2]: reduce_scatter backward dtype bfloat16 → float32, bytes 400 → 800 at 2.15.0 "
-        "(from 2.14.1)"]
+        "reduce_scatter backward dtype bfloat16 → float32 at 2.15.0 (from 2.14.1), 1 cell: "
+        "s [vanilla; cpu, w2] (bytes 400 → 800)"]
+
+
+def test_a_change_of_torch_is_stated_once_with_the_cells_it_shows_in():
+    records = [Record.from_json(record_fields(device="cpu", scenario=s, world_size=ws, variant=v, torch=t,
+                                              ledger=_rows() if t == "2.8.0" else _rows()[1:]))
+               for s, ws in (("a", 1), ("b", 2)) for v in ("vanilla", "patched") for t in ("2.8.0", "2.9.1")]
+    assert version_changes(ledger_summaries(records)) == [
+        "all_gather forward gone at 2.9.1 (from 2.8.0), 4 cells: a [patched, vanilla; cpu, w1] (was 4× bfloat16); "
+        "b [patched, vanilla; cpu, w2] (was 4× bfloat16)"]
 
 
 def test_describe_counts_new_and_gone():

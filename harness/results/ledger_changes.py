@@ -85,16 +85,48 @@ def _where(device: str, scenario: str, world_size: int, variant: str) -> str:
 
 
 def version_changes(ledgers: Mapping[CellKey, Summary]) -> list[str]:
-    """Per scenario and variant, each change from one torch release to the next one recorded."""
+    """Each change of torch's collectives from one release to the next, stated once with the
+    cells it shows in: ``all_gather forward gone at 2.9.1 (from 2.8.0), 48 cells: cpu_offload
+    [deployed, vanilla; cpu, w1], ...``. A change is grouped by what changed (a kind and phase
+    gone or new, a dtype change) and the two releases; per-cell numbers (counts, bytes) follow
+    the cell they belong to."""
     by_cell: dict[tuple[str, str, int, str], dict[str, Summary]] = {}
     for (device, scenario, ws, torch, variant), summary in ledgers.items():
         by_cell.setdefault((device, scenario, ws, variant), {})[torch] = summary
-    out = []
-    for (device, scenario, ws, variant), versions in sorted(by_cell.items()):
+    groups: dict[tuple[str, str, str], dict[tuple[str, str, int, str], list[str]]] = {}
+    for (device, scenario, ws, variant), versions in by_cell.items():
         ordered = sorted(versions, key=_release)
         for old, new in zip(ordered, ordered[1:]):
-            out += [f"{_where(device, scenario, ws, variant)}: {change} at {new} (from {old})"
-                    for change in describe(versions[old], versions[new])]
+            for what, detail in _changes(versions[old], versions[new]):
+                cells = groups.setdefault((what, new, old), {})
+                cells.setdefault((device, scenario, ws, detail), []).append(variant)
+    out = []
+    for (what, new, old), cells in sorted(groups.items(), key=lambda g: (_release(g[0][1]), g[0][0])):
+        listed = [f"{scenario} [{', '.join(sorted(variants))}; {device}, w{ws}]" + (f" ({detail})" if detail else "")
+                  for (device, scenario, ws, detail), variants in sorted(cells.items())]
+        n = sum(len(v) for v in cells.values())
+        out.append(f"{what} at {new} (from {old}), {n} cell{'s' if n != 1 else ''}: {'; '.join(listed)}")
+    return out
+
+
+def _changes(before: Summary, after: Summary) -> list[tuple[str, str]]:
+    """(what changed, this cell's numbers) per kind and phase: ``("all_gather forward gone",
+    "was 4× bfloat16")``, ``("reduce_scatter backward dtype bfloat16 → float32", "bytes 400 → 800")``,
+    ``("all_gather backward count", "4 → 7, bytes 400 → 700")``."""
+    out = []
+    for key in sorted(set(before) | set(after)):
+        was, now = before.get(key), after.get(key)
+        if was is None:
+            out.append((f"{key} new", f"{now.count}× {'/'.join(now.dtypes)}"))  # type: ignore[union-attr]
+        elif now is None:
+            out.append((f"{key} gone", f"was {was.count}× {'/'.join(was.dtypes)}"))
+        else:
+            numbers = [f"{label} {a} → {b}" for label, a, b in (("count", was.count, now.count),
+                                                                ("bytes", was.bytes, now.bytes)) if a != b]
+            if was.dtypes != now.dtypes:
+                out.append((f"{key} dtype {'/'.join(was.dtypes)} → {'/'.join(now.dtypes)}", ", ".join(numbers)))
+            elif numbers:
+                out.append((f"{key} {' and '.join(n.split()[0] for n in numbers)}", ", ".join(numbers)))
     return out
 
 
