@@ -16,7 +16,8 @@ from harness.results.reading import load_records
 from harness.results.record import RecordError
 from harness.results.report import build_report
 from harness.results.safe import read_report_csv
-from harness.results.tables import LONG_COLUMNS, build_tables, latest_records, records_frame, torch_sort_key
+from harness.results.tables import LONG_COLUMNS, build_tables, latest_records, records_frame
+from harness.versions import torch_sort_key
 
 CPU_VERSIONS = ["2.9.1", "2.11.0", "2.12.1", "2.13.0"]
 A = "unused_param_reduction"

@@ -133,9 +133,11 @@ def _check_torch(wanted: str) -> None:
 
     from packaging.version import InvalidVersion, Version
 
+    from harness.versions import release
+
     installed = version("torch")
     try:
-        same = Version(Version(installed).public) == Version(wanted)
+        same = release(installed) == Version(wanted)
     except InvalidVersion:
         same = False
     if not same:

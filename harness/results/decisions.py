@@ -11,11 +11,11 @@ import re
 from collections.abc import Sequence
 
 import pandas as pd
-from packaging.version import InvalidVersion, Version
 
+from harness.versions import is_prerelease
 from harness.vocabulary import PS_API, PS_BACKPORT, PS_BROKEN, PS_NEEDED, PS_NOT_PROVIDED, PS_RETIRE
 
-__all__ = ["LIFECYCLE_COLUMNS", "deployed_line", "is_prerelease", "lane_notes", "lifecycle", "torch_columns",
+__all__ = ["LIFECYCLE_COLUMNS", "deployed_line", "lane_notes", "lifecycle", "torch_columns",
            "torch_source", "version_ranges"]
 
 _UNJUDGED = "no verdict (why)"
@@ -91,14 +91,6 @@ def deployed_line(deployed: pd.DataFrame, device: str, versions: Sequence[str]) 
 
 
 # --------------------------------------------------------------------------- the pre-release lane
-
-
-def is_prerelease(version: str) -> bool:
-    """``2.16.0rc1``, ``2.16.0.dev20260301``: a torch that is not a release yet."""
-    try:
-        return Version(version).is_prerelease
-    except InvalidVersion:
-        return False
 
 
 def torch_columns(frame: pd.DataFrame, versions: Sequence[str]) -> pd.DataFrame:

@@ -24,10 +24,11 @@ from pathlib import Path
 import pandas as pd
 from packaging.version import Version
 
-from harness.results.decisions import is_prerelease, torch_source
+from harness.results.decisions import torch_source
 from harness.results.ledger_changes import CellKey, Summary, run_changes
 from harness.results.safe import read_report_csv
-from harness.results.tables import ReportTables, build_tables, release, sorted_torch
+from harness.results.tables import ReportTables, build_tables
+from harness.versions import is_prerelease, release_label, sorted_torch
 from harness.vocabulary import (
     DEPLOYED_BROKEN,
     FIXED_UPSTREAM,
@@ -123,10 +124,10 @@ def load_side(path: str | Path) -> Side:
 
 
 def _side(cells: pd.DataFrame, patches: pd.DataFrame, ledgers: dict[CellKey, Summary], label: str) -> Side:
-    cells = cells.assign(torch=[release(str(t)) for t in cells["torch"]], world_size=cells["world_size"].astype(int))
+    cells = cells.assign(torch=[release_label(str(t)) for t in cells["torch"]], world_size=cells["world_size"].astype(int))
     statuses = [v for v in VARIANTS if v in cells.columns]
     cells = cells[cells[statuses].astype(str).ne("").any(axis=1)]  # cells that ran, not the grid's empty places
-    patches = patches.assign(torch=[release(str(t)) for t in patches["torch"]])
+    patches = patches.assign(torch=[release_label(str(t)) for t in patches["torch"]])
     return Side(cells=cells, patches=patches, label=label, ledgers=ledgers)
 
 

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from packaging.version import InvalidVersion, Version
+from harness.versions import release
 
 __all__ = ["CellKey", "Summary", "describe", "ledger_summaries", "run_changes", "summarise", "version_changes"]
 
@@ -46,7 +46,7 @@ def summarise(rows: Iterable[list[Any]]) -> dict[str, Usage]:
 
 def ledger_summaries(records: Iterable[Any]) -> dict[CellKey, dict[str, Usage]]:
     """Summaries of the records that carry a ledger, by cell and variant (one record each)."""
-    return {(r.device, r.scenario, int(r.world_size), str(_release(r.torch)), r.variant): summarise(r.ledger)
+    return {(r.device, r.scenario, int(r.world_size), str(release(r.torch)), r.variant): summarise(r.ledger)
             for r in records if r.ledger is not None}
 
 
@@ -72,14 +72,6 @@ def describe(before: Summary, after: Summary) -> list[str]:
     return out
 
 
-def _release(version: str) -> Version:
-    """``2.13.0+cpu`` -> 2.13.0; a pre-release stays one (``2.16.0rc1`` is not 2.16.0)."""
-    try:
-        return Version(Version(version).public)
-    except InvalidVersion:
-        return Version("0")
-
-
 def _where(device: str, scenario: str, world_size: int, variant: str) -> str:
     return f"{scenario} [{variant}, {device}, w{world_size}]"
 
@@ -95,13 +87,13 @@ def version_changes(ledgers: Mapping[CellKey, Summary]) -> list[str]:
         by_cell.setdefault((device, scenario, ws, variant), {})[torch] = summary
     groups: dict[tuple[str, str, str], dict[tuple[str, str, int, str], list[str]]] = {}
     for (device, scenario, ws, variant), versions in by_cell.items():
-        ordered = sorted(versions, key=_release)
+        ordered = sorted(versions, key=release)
         for old, new in zip(ordered, ordered[1:]):
             for what, detail in _changes(versions[old], versions[new]):
                 cells = groups.setdefault((what, new, old), {})
                 cells.setdefault((device, scenario, ws, detail), []).append(variant)
     out = []
-    for (what, new, old), cells in sorted(groups.items(), key=lambda g: (_release(g[0][1]), g[0][0])):
+    for (what, new, old), cells in sorted(groups.items(), key=lambda g: (release(g[0][1]), g[0][0])):
         listed = [f"{scenario} [{', '.join(sorted(variants))}; {device}, w{ws}]" + (f" ({detail})" if detail else "")
                   for (device, scenario, ws, detail), variants in sorted(cells.items())]
         n = sum(len(v) for v in cells.values())

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from packaging.version import InvalidVersion, Version
 
 from harness.results.environment import ENV_FIELDS, environment_table
 from harness.results.ledger_changes import CellKey, Summary, ledger_summaries, version_changes
@@ -29,6 +28,7 @@ from harness.results.record import Record, RecordError
 from harness.results.safe import module_label
 from harness.results.sensitivity import blind_spots
 from harness.results.verdict import adjusted, combine_patch_statuses, judge, patch_contributions
+from harness.versions import release_label, sorted_torch
 from harness.vocabulary import PS_BROKEN, PS_NOT_RUN, VARIANTS, VERDICTS
 
 __all__ = [
@@ -41,9 +41,6 @@ __all__ = [
     "latest_records",
     "patch_summary",
     "records_frame",
-    "release",
-    "sorted_torch",
-    "torch_sort_key",
     "verdict_counts",
     "verdict_table",
 ]
@@ -56,11 +53,6 @@ LONG_COLUMNS: tuple[str, ...] = (
 )
 
 
-def release(version: str) -> str:
-    """``2.13.0+cpu`` -> ``2.13.0`` (what column heads show)."""
-    return version.split("+", 1)[0]
-
-
 def records_frame(found: Sequence[tuple[Record, str]]) -> pd.DataFrame:
     """One row per record: its fields, ``env_*`` columns, ``source`` and the ``record`` itself.
 
@@ -70,7 +62,7 @@ def records_frame(found: Sequence[tuple[Record, str]]) -> pd.DataFrame:
              "source": source, "record": rec} for rec, source in found]
     frame = pd.DataFrame(rows, columns=[*names, *(f"env_{k}" for k in ENV_FIELDS), "source", "record"])
     frame["env_torch"] = [e or t for e, t in zip(frame["env_torch"], frame["torch"])]
-    frame["torch"] = [release(t) for t in frame["torch"]]
+    frame["torch"] = [release_label(t) for t in frame["torch"]]
     return frame
 
 
@@ -81,18 +73,6 @@ def latest_records(records: pd.DataFrame) -> pd.DataFrame:
     ordered = ordered.sort_values(["_when", "_order"], kind="stable", na_position="first")
     latest = ordered.drop_duplicates([*CELL_KEY, "variant"], keep="last")
     return latest.drop(columns=["_when", "_order"]).reset_index(drop=True)
-
-
-def torch_sort_key(version: str) -> tuple[int, Any, str]:
-    """Numeric version order; unparsable strings go last, alphabetically."""
-    try:
-        return (0, Version(version), version)
-    except InvalidVersion:
-        return (1, 0, version)
-
-
-def sorted_torch(versions: Iterable[str]) -> list[str]:
-    return sorted(set(versions), key=torch_sort_key)
 
 
 def device_order(devices: Iterable[str]) -> list[str]:
@@ -157,7 +137,7 @@ def _grid(latest: pd.DataFrame) -> list[tuple[str, str, str, int]]:
 
 
 def _verdict_frame(latest: pd.DataFrame) -> pd.DataFrame:
-    index = {(r.device, r.scenario, release(r.torch), r.world_size, r.variant): r for r in latest["record"]}
+    index = {(r.device, r.scenario, release_label(r.torch), r.world_size, r.variant): r for r in latest["record"]}
     rows = [_cell_row(key, {v: index.get((*key, v)) for v in VARIANTS}) for key in _grid(latest)]
     return pd.DataFrame(rows, columns=[*LONG_COLUMNS, "_contrib"])
 

@@ -10,6 +10,7 @@ from typing import Any
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import Version
 
+from harness.versions import base_release
 from harness.vocabulary import DEVICES, VARIANTS, Device, Status, Variant, match_for, parse_statuses
 
 __all__ = ["GLOO_ABORT", "HANG", "PASS", "Expect", "torch_release"]
@@ -80,5 +81,6 @@ PASS = Expect(status="pass", variants=VARIANTS)
 
 
 def torch_release(version: str) -> Version:
-    """``2.13.0+cpu`` -> ``Version('2.13.0')`` (local labels and pre-release tags dropped)."""
-    return Version(Version(version).base_version)
+    """``2.13.0+cpu`` -> ``Version('2.13.0')`` (local labels and pre-release tags dropped:
+    ``harness.versions.base_release``)."""
+    return base_release(version)
