@@ -12,15 +12,14 @@
             process's wall and CPU seconds per phase (``harness.rank.phases``), summed over the
             ranks and launches, and the CPU outside the ranks (launcher, torchrun agents).
             ``--against DIR`` runs the same suite from another checkout in the same rounds,
-            alternating, as a column of its own (before/after a change); ``--each-cut`` adds a
-            column per saving of ``harness.rank.cuts`` turned off, and one with all off, each
-            with its difference from (e): that cut's gain, measured in the same rounds;
-            ``--column 'LABEL:NAME=VALUE'`` a column with an environment variable set
+            alternating, as a column of its own (before/after a change: how a saving is
+            measured, commit against commit, with no switch left in the code), each with its
+            difference from (e); ``--column 'LABEL:NAME=VALUE'`` a column with an environment variable set
             (``FSDP_COMPAT_LEDGER=0``: the ledger's cost), ``--column 'LABEL:--option value'``
             one with ``harness run`` options added (``--isolate fork``: what a process per cell costs).
 (f):        what a hung cell costs: a launch with a cell that hangs vs the same launch without it.
 
-    python bench/launch_bench.py [--parts ab,cd,e,f] [--repeat 3] [--rounds 1] [--against DIR] [--each-cut]
+    python bench/launch_bench.py [--parts ab,cd,e,f] [--repeat 3] [--rounds 1] [--against DIR] [--column ...]
     nox -s bench -- --parts e --rounds 3 --against ../fsdp-compat-old
 """
 
@@ -47,8 +46,6 @@ import torch  # noqa: E402
 from harness.launch.launcher import LaunchOptions, run_cells  # noqa: E402
 from harness.launch.pipeline import RunRequest, run  # noqa: E402
 from harness.plan.cells import plan_cells  # noqa: E402
-from harness.rank.cuts import CUTS  # noqa: E402
-from harness.rank.cuts import ENV as CUTS_ENV  # noqa: E402
 from harness.rank.phases import format_table, load_totals, record_sum  # noqa: E402
 from harness.results.record import Record  # noqa: E402
 from harness.scenario.load import load_scenarios  # noqa: E402
@@ -133,12 +130,12 @@ def bare_start(world: int = 4) -> float:
 def cli_suite(tree: Path, out: Path, scenarios: list[str], extra_env: dict[str, str] | None = None,
               extra_args: list[str] | None = None) -> SuiteRun:
     """The suite as users run it, from checkout ``tree`` (its own harness and scenarios), with
-    ``extra_env`` set (``FSDP_COMPAT_CUTS_OFF``: cuts turned off, ``harness.rank.cuts``) and
+    ``extra_env`` set (``FSDP_COMPAT_LEDGER=0``: the ledger off) and
     ``extra_args`` added to ``harness run``."""
     cmd = [sys.executable, "-m", "harness", "run", "--quiet", "--device", "cpu", "--out", str(out), *(extra_args or [])]
     cmd += [a for n in scenarios for a in ("--scenario", n)]
     cmd += [] if scenarios else ["--world-size", "1", "--world-size", "2", "--world-size", "4"]
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", CUTS_ENV)}
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(extra_env or {})
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
@@ -153,7 +150,7 @@ def cli_suite(tree: Path, out: Path, scenarios: list[str], extra_env: dict[str, 
 
 def part_eg(folder: Path, *, trees: dict[str, tuple[Path, dict[str, str], list[str]]], rounds: int, scenarios: list[str],
             default_wall: float | None) -> None:
-    """(e) per column (a checkout, with some cuts off) and (g) the bare start, alternating for
+    """(e) per column (a checkout, an environment variable, ``harness run`` options) and (g) the bare start, alternating for
     ``rounds``; then the breakdown."""
     runs: dict[str, list[SuiteRun]] = {name: [] for name in trees}
     bare = [bare_start()]
@@ -235,8 +232,6 @@ def main() -> int:
     parser.add_argument("--column", action="append", default=[], metavar="LABEL:NAME=VALUE",
                         help="(e): also the suite with this environment variable set, as a column (repeatable; "
                              "e.g. 'without ledger:FSDP_COMPAT_LEDGER=0')")
-    parser.add_argument("--each-cut", action="store_true",
-                        help="(e): also one column per cut of harness.rank.cuts turned off, and one with all off")
     args = parser.parse_args()
     parts = set(args.parts.split(","))
     unknown = parts - {"ab", "cd", "e", "f"}
@@ -252,9 +247,6 @@ def main() -> int:
         if not (label and name and eq):
             parser.error(f"--column {column!r}: expected LABEL:NAME=VALUE or LABEL:--option [value]")
         trees[label] = (ROOT, {name: value}, [])
-    if args.each_cut:
-        trees |= {f"without {name}": (ROOT, {CUTS_ENV: name}, []) for name in CUTS}
-        trees["without any cut"] = (ROOT, {CUTS_ENV: "all"}, [])
     for other in args.against:
         if not (Path(other) / "harness" / "__main__.py").is_file():
             parser.error(f"--against {other}: not a checkout of this project (no harness/__main__.py)")

@@ -20,7 +20,7 @@ from harness import console
 from harness.options import parse_mapping, positive, seconds
 from harness.results.record import RecordError
 from harness.undertest.locations import caller_folder_importable
-from harness.vocabulary import FAULT_NAMES, ISOLATIONS, VARIANTS
+from harness.vocabulary import DEFAULT_MODULE, FAULT_NAMES, ISOLATIONS, VARIANTS
 
 __all__ = ["main"]
 
@@ -57,7 +57,7 @@ def _scenario_options() -> argparse.ArgumentParser:
 def _cell_options() -> argparse.ArgumentParser:
     """What ``run`` and ``repro`` share: the patches module under test and the cell timeout."""
     p = _Parser(add_help=False)
-    p.add_argument("--patches", default="fsdp_patches", help="patches module under test: dotted name or .py path")
+    p.add_argument("--patches", default=DEFAULT_MODULE, help="patches module under test: dotted name or .py path")
     p.add_argument("--patch-map", action="append", default=[], metavar="NAME=FUNC",
                    help="map a patch name to a function of the module")
     p.add_argument("--timeout", type=seconds, default=None,

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.results.record import Record
+from harness.vocabulary import DEFAULT_MODULE
 
 __all__ = ["Progress", "print_summary", "rerun_command", "say_start"]
 
@@ -57,7 +58,7 @@ def rerun_command(args: Any, world: int) -> str:
     """The command that reproduces a ``repro`` cell (its parsed arguments) at ``world`` ranks."""
     parts = [sys.executable, "-m", "harness", "repro", args.scenario, "--world-size", str(world),
              "--variant", args.variant, "--device", args.device]
-    if args.variant != "vanilla" or args.patches != "fsdp_patches":
+    if args.variant != "vanilla" or args.patches != DEFAULT_MODULE:
         parts += ["--patches", args.patches]
     for item in args.patch_map:
         parts += ["--patch-map", item]

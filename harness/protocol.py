@@ -98,7 +98,7 @@ class LaunchPlan:
     def progress_file(self) -> Path:
         return self._file("progress")
 
-    def phase_file(self, rank: int) -> Path:
+    def stamp_file(self, rank: int) -> Path:
         """Where global rank ``rank`` stamps its phase (``write_phase``)."""
         return self._file(f"rank{rank}.phase")
 
@@ -110,7 +110,7 @@ class LaunchPlan:
         """Where a rank notes that code under test ended it (``write_exit``)."""
         return self._file(f"rank{rank}.exit")
 
-    def phases_file(self, rank: int, cell: int | None = None, what: str = "cell") -> Path:
+    def phase_times_file(self, rank: int, cell: int | None = None, what: str = "cell") -> Path:
         """Where a rank's process (or the process forked for ``cell``: ``what`` is "cell" or
         "reference") writes its time per phase (``harness.rank.phases``)."""
         return self._file(f"rank{rank}.phases" if cell is None else f"rank{rank}.{what}{cell}.phases")

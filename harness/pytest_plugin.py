@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from harness.vocabulary import DEVICES, VARIANTS
+from harness.vocabulary import DEFAULT_MODULE, DEVICES, VARIANTS
 
 __all__ = ["CellItem"]
 
@@ -31,7 +31,7 @@ __all__ = ["CellItem"]
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("fsdp-compat", "FSDP2 patch compatibility cells")
     group.addoption("--fsdp-compat", action="store_true", help="collect the harness's cells (and nothing else)")
-    group.addoption("--fsdp-compat-patches", default="fsdp_patches", metavar="MODULE",
+    group.addoption("--fsdp-compat-patches", default=DEFAULT_MODULE, metavar="MODULE",
                     help="patches module under test: dotted name or .py path")
     group.addoption("--fsdp-compat-patch-map", action="append", default=[], metavar="NAME=FUNC")
     group.addoption("--fsdp-compat-scenario", action="append", default=[], metavar="NAME",

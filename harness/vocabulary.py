@@ -9,6 +9,8 @@ from __future__ import annotations
 from typing import Literal, get_args
 
 __all__ = [
+    "DEFAULT_MODULE",
+    "DEFAULT_WORLD_SIZES",
     "DEVICES",
     "Device",
     "Status",
@@ -59,6 +61,10 @@ Variant = Literal["vanilla", "patched", "deployed", "api"]
 VARIANTS: tuple[str, ...] = get_args(Variant)
 Device = Literal["cpu", "cuda"]
 DEVICES: tuple[str, ...] = get_args(Device)
+#: the patches module under test unless a run names another (the project's own)
+DEFAULT_MODULE = "fsdp_patches"
+#: the world sizes a scenario runs at unless it says otherwise (``Scenario.world_sizes``)
+DEFAULT_WORLD_SIZES: tuple[int, ...] = (1, 2, 4)
 #: The faults ``run --fault`` injects on the FSDP2 side (``harness.train.faults``).
 FAULT_NAMES: tuple[str, ...] = ("grad_rel", "sign_flip", "drop_micro_batch", "double_rank")
 #: How cells are kept apart (``harness.plan.placement``), the default first.

@@ -6,7 +6,6 @@ import sys
 
 import pytest
 
-from harness.rank.cuts import CUTS
 from tests.support import ROOT
 
 pytestmark = pytest.mark.slow
@@ -40,7 +39,8 @@ def test_the_suite_with_the_hf_pack_refuses_to_run_where_transformers_is_missing
 
 def test_the_suite_part_prints_the_bare_start_ratio_and_a_breakdown_that_adds_up():
     out = subprocess.run([sys.executable, "bench/launch_bench.py", "--parts", "e", "--scenario", "plain",
-                          "--each-cut"], cwd=ROOT, capture_output=True, text=True, timeout=900)
+                          "--column", "no ledger:FSDP_COMPAT_LEDGER=0", "--column", "forked:--isolate fork"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr
     suite = float(re.search(r"^\(e\) suite of plain\s+:\s+([\d.]+) s", out.stdout, re.M).group(1))
     bare = float(re.search(r"^\(g\) bare 4-rank gloo start\s+:\s+([\d.]+) s", out.stdout, re.M).group(1))
@@ -49,10 +49,10 @@ def test_the_suite_part_prints_the_bare_start_ratio_and_a_breakdown_that_adds_up
     # from the printed ratio by what that rounding allows, and by no more
     rounding = 0.05 / bare + 0.05 * suite / (bare * (bare - 0.05)) + 0.005
     assert abs(ratio - suite / bare) <= rounding
-    # one column per cut turned off and one with all off, each with its difference from (e)
+    # one column per --column, each with its difference from (e)
     gains = re.findall(r"^\s+ratio \(e(\d)\)/\(g\)\s+:\s+([\d.]+)x\s+\(e\d\) - \(e\):\s+([-+][\d.]+) s\s+\[(.+)\]$",
                        out.stdout, re.M)
-    assert [name for *_, name in gains] == [f"without {c}" for c in CUTS] + ["without any cut"]
+    assert [name for *_, name in gains] == ["no ledger", "forked"]
     for _, r, diff, _ in gains:
         # the same rounding: r to 0.01, (g), (e) and the difference to 0.1 s
         assert abs(float(r) * bare - suite - float(diff)) <= 0.005 * bare + 0.05 * float(r) + 0.05 + 0.05 + 1e-9
@@ -65,7 +65,7 @@ def test_the_suite_part_prints_the_bare_start_ratio_and_a_breakdown_that_adds_up
         rows[name.strip()] = [float(x) for x in cells.replace("|", " ").split()]
     assert {"startup", "training", "reference", "watchdog", "total"} <= set(rows)
     body = [v for k, v in rows.items() if k != "total"]
-    assert len(rows["total"]) == 2 * (1 + len(CUTS) + 1)  # wall and CPU per column
+    assert len(rows["total"]) == 2 * (1 + 2)  # wall and CPU per column
     assert rows["total"] == pytest.approx([sum(v[j] for v in body) for j in range(len(rows["total"]))], abs=0.05)
     phased, wall = map(float, re.search(r"their phases add up to ([\d.]+) s of their ([\d.]+) s wall",
                                         out.stdout).groups())

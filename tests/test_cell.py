@@ -56,7 +56,7 @@ def make_run(tmp_path, monkeypatch):
                                   patch_mapping={}, patches_module_id="fsdp_patches@x", out_path=str(tmp_path / "out.jsonl"),
                                   folder=str(tmp_path / "launch")) | plan_kw))
         plan.dump()
-        wd = Watchdog(plan.phase_file(global_rank), on_expire=lambda: None)
+        wd = Watchdog(plan.stamp_file(global_rank), on_expire=lambda: None)
         made.append(wd)
         return CellRun(plan=plan, store=store, watchdog=wd, scenarios={"needs_pkg": NEEDS_PKG})
 
@@ -87,7 +87,7 @@ def test_world_size_1_skip_is_recorded_and_the_launch_goes_on(make_run):
     assert rec.missing == "Python package(s) no_such_package_fsdp_compat" and not rec.as_expected
     assert run.store.check([_keys(0).recorded]) and not run.store.check([_keys(0).abandoned])
     assert json.loads(run.store.get(_keys(0).status(0)))["ok"] is True
-    assert read_phase(run.plan.phase_file(0)) == "idle"
+    assert read_phase(run.plan.stamp_file(0)) == "idle"
 
 
 def test_the_slots_first_rank_marks_the_start_with_global_ranks(make_run):
@@ -132,7 +132,7 @@ def test_the_judge_blames_a_peers_error(make_run):
 
 def test_a_rank_that_never_reports_abandons_the_launch(make_run):
     run = make_run(global_rank=2)
-    write_phase(run.plan.phase_file(3), "step 1 clip")  # the silent rank's last stamp (global rank 3)
+    write_phase(run.plan.stamp_file(3), "step 1 clip")  # the silent rank's last stamp (global rank 3)
     peers.post(run.store, _keys(2), peers.RankOutcome(rank=0, ok=False, exc_type="CellTimeout", exc_msg="x",
                                                       phase="step 1 clip", where="recv (c10d.py:1)", in_collective=True))
     t = time.time()

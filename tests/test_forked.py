@@ -54,7 +54,7 @@ def _reports_then_aborts(plan, port, keys, rank):
 
 
 def _aborts(plan, port, keys, rank, slot_rank0):
-    write_phase(plan.phase_file(slot_rank0 + rank), "step 1 micro-batch 0 backward")
+    write_phase(plan.stamp_file(slot_rank0 + rank), "step 1 micro-batch 0 backward")
     os.abort()
 
 
@@ -206,7 +206,7 @@ def test_an_exit_without_a_report_posts_the_exit_code_and_phase(zygote):
     """The cell's process ended without a report or a signal (user code called ``os._exit``):
     the worker posts that as a crash of the rank, naming the exit code and where it was."""
     z, run, _ = zygote
-    write_phase(run.plan.phase_file(0), "install patches: p1")
+    write_phase(run.plan.stamp_file(0), "install patches: p1")
     assert z.run_cell(run, _cell(5), slot_rank0=0, rank=0, t0=time.time()) is True
     status = _status(run, 5, 0)
     assert (status.exc_type, status.exc_msg) == ("ExitCode", "rank 0 exited with code 3 during install of patch p1")

@@ -80,12 +80,12 @@ def test_launch_files_are_named_by_launch_and_rank(tmp_path):
     assert plan.plan_file == folder / "L7.json"
     assert plan.log_file == folder / "L7.log"
     assert plan.progress_file == folder / "L7.progress"
-    assert plan.phase_file(3) == folder / "L7.rank3.phase"
+    assert plan.stamp_file(3) == folder / "L7.rank3.phase"
     assert plan.crash_file(3) == folder / "L7.rank3.crash"
     other = _plan(tmp_path, launch_id="L8")
     names = [f(p) for p in (plan, other) for f in (lambda p: p.plan_file, lambda p: p.log_file,
                                                    lambda p: p.progress_file)]
-    names += [f(r) for p in (plan, other) for f in (p.phase_file, p.crash_file) for r in (0, 1, 11)]
+    names += [f(r) for p in (plan, other) for f in (p.stamp_file, p.crash_file) for r in (0, 1, 11)]
     assert len(set(names)) == len(names)  # two launches in one folder never share a file
 
 

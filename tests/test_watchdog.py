@@ -17,9 +17,9 @@ def make_watchdog(tmp_path):
     previous = signal.getsignal(signal.SIGALRM)
     made = []
 
-    def make(phase_file=tmp_path / "L.rank0.phase"):
+    def make(stamp_file=tmp_path / "L.rank0.phase"):
         expired: list[float] = []
-        wd = Watchdog(phase_file, on_expire=lambda: expired.append(time.time()))
+        wd = Watchdog(stamp_file, on_expire=lambda: expired.append(time.time()))
         made.append(wd)
         return wd, expired
 
@@ -90,7 +90,7 @@ def test_the_last_stamp_survives_the_process_killed(tmp_path):
 
 
 def test_no_phase_file_is_fine(make_watchdog):
-    wd, _ = make_watchdog(phase_file=None)
+    wd, _ = make_watchdog(stamp_file=None)
     wd.stamp("init group")
     assert wd.phase == "init group"
 

@@ -80,15 +80,12 @@ SCENARIOS = [Scenario(name="sees", summary="checks its rank's cores and collecto
 @pytest.mark.slow
 @pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
                     reason="needs affinity control and two cores")
-@pytest.mark.parametrize("off", ["", "pin_ranks,gc_freeze"])
-def test_four_ranks_on_two_cores_run_pinned_with_startup_objects_frozen(tmp_path, off):
-    """Ranks that outnumber the cores run on one core each; what they imported is frozen
-    (each saving of ``harness.rank.cuts`` can be turned off)."""
+def test_four_ranks_on_two_cores_run_pinned_with_startup_objects_frozen(tmp_path):
+    """Ranks that outnumber the cores run on one core each; what they imported is frozen."""
     (tmp_path / "cases").mkdir()
     (tmp_path / "cases" / "sees.py").write_text(_SEES)
     two = sorted(os.sched_getaffinity(0))[:2]
-    env = {**os.environ, "FSDP_COMPAT_CUTS_OFF": off, "SEES_CORES": "2" if off else "1",
-           "SEES_FROZEN": "0" if off else "1"}
+    env = {**os.environ, "SEES_CORES": "1", "SEES_FROZEN": "1"}
     cmd = ["taskset", "-c", ",".join(map(str, two)), sys.executable, "-m", "harness", "run", "--scenarios-dir",
            str(tmp_path / "cases"), "--scenario", "sees", "--variant", "vanilla", "--out", str(tmp_path / "r.jsonl")]
     out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)

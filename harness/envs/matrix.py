@@ -28,6 +28,7 @@ from harness.envs.sources import (
 )
 from harness.scenario.scan import Catalog, read_catalog
 from harness.undertest.source import is_path
+from harness.vocabulary import DEFAULT_MODULE
 
 __all__ = ["DeviceMatrix", "Matrix", "load_matrix", "parse_matrix"]
 
@@ -130,7 +131,7 @@ def parse_matrix(data: Any, name: str = "matrix.yaml", *, base: Path | None = No
         raise ValueError(f"{name}: the top level must be a mapping")
     _no_unknown(data, _TOP_KEYS, name)
     base = base or Path.cwd()
-    patches = data.get("patches", "fsdp_patches")
+    patches = data.get("patches", DEFAULT_MODULE)
     if not isinstance(patches, str) or not patches:
         raise ValueError(f"{name}: 'patches' must be a module name or a .py path")
     if is_path(patches):

@@ -38,9 +38,9 @@ from harness.process import tree as procs
 from harness.process.crashlog import crash_cause, exit_message, fatal_signal, tail
 from harness.process.gpus import gpu_slice, skip_reason, visible_gpus, worker_slot
 from harness.protocol import IDLE, LaunchPlan, phase_words, read_exit, read_phase
-from harness.rank import cuts
 from harness.results import record
 from harness.undertest.locations import import_root, worker_spec
+from harness.vocabulary import DEFAULT_MODULE
 
 __all__ = ["LaunchOptions", "RunResult", "run_cells"]
 
@@ -52,7 +52,7 @@ class LaunchOptions:
     run_id: str
     out_path: Path
     log_dir: Path
-    patches_module: str = "fsdp_patches"
+    patches_module: str = DEFAULT_MODULE
     patches_module_id: str = ""
     patch_mapping: dict[str, str] = field(default_factory=dict)
     scenario_dirs: list[str] = field(default_factory=list)
@@ -96,7 +96,6 @@ def run_cells(cells: list[Cell], opts: LaunchOptions) -> RunResult:
     """Run every cell; every cell ends with a record, unless a signal stops the run.
     ``ValueError`` when the records file or the launch folder cannot be written."""
     prepare_out(opts.out_path, opts.log_dir)
-    cuts.off()  # a bad FSDP_COMPAT_CUTS_OFF stops here, not in every rank
     # the workers run in the project's folder: a module named from the caller's folder is
     # given to them by absolute path, or found through the folder it was found under
     opts = replace(opts, patches_module=worker_spec(opts.patches_module, PROJECT_ROOT))
@@ -180,7 +179,7 @@ def _launch(cells: list[Cell], opts: LaunchOptions, result: RunResult) -> list[C
     opened = {i: t for i, t in watch.starts.items() if i not in watch.recorded}
     if killed_for is not None:
         phases = "; ".join(f"rank {r} in {p!r}" for r in watch.ranks.get(killed_for.index, [])
-                           if (p := read_phase(plan.phase_file(r))))
+                           if (p := read_phase(plan.stamp_file(r))))
         msg = (f"no result {killed_for.timeout_s:g} s + {opts.grace_s:g} s after the cell started; launch killed"
                + (f" ({phases})" if phases else ""))
         _accept(_outside(killed_for, opts, "hang", opened.pop(killed_for.index), log_path, exc_msg=msg), result, opts)
@@ -218,10 +217,10 @@ def _exit_in_phase(plan: LaunchPlan, returncode: int | None, watch: LaunchFollow
     """A launch that ended with a cell open and no error in its log: add where the rank was to
     torchrun's "rank R exited with code N"; or torchrun exited 0 (every rank exited 0)."""
     exc_type, msg, rank = cause
-    if exc_type == "ExitCode" and rank is not None and (phase := read_phase(plan.phase_file(rank))) not in (None, IDLE):
+    if exc_type == "ExitCode" and rank is not None and (phase := read_phase(plan.stamp_file(rank))) not in (None, IDLE):
         return exc_type, f"{msg} {phase_words(phase)}", rank
     ranks = [r for i in opened for r in watch.ranks.get(i, [])]
-    busy = [(r, phase) for r in ranks if (phase := read_phase(plan.phase_file(r))) not in (None, IDLE)]
+    busy = [(r, phase) for r in ranks if (phase := read_phase(plan.stamp_file(r))) not in (None, IDLE)]
     if exc_type == "LaunchError" and returncode == 0 and busy:
         return "ExitCode", exit_message(busy[0][0], 0, busy[0][1]), busy[0][0]
     return cause

@@ -16,9 +16,8 @@ from harness.launch.outpath import prepare_out
 from harness.plan.cells import Cell, all_patch_names, plan_cells
 from harness.results.record import Record, append, finish, new_record
 from harness.scenario.load import LoadError, load_scenarios, select
-from harness.undertest.install import DEFAULT_MODULE
 from harness.undertest.source import PatchSource, check_patch_names, deployed_patches, locate, near_misses
-from harness.vocabulary import VARIANTS
+from harness.vocabulary import DEFAULT_MODULE, VARIANTS
 
 __all__ = ["RunRequest", "run"]
 
@@ -29,7 +28,7 @@ class RunRequest:
     world_sizes: list[int] = field(default_factory=list)
     devices: list[str] = field(default_factory=lambda: ["cpu"])
     variants: list[str] = field(default_factory=lambda: list(VARIANTS))
-    patches: str = "fsdp_patches"
+    patches: str = DEFAULT_MODULE
     patch_mapping: dict[str, str] = field(default_factory=dict)
     timeout_s: float | None = None
     scenario_dirs: list[str] = field(default_factory=list)

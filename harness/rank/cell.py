@@ -183,7 +183,7 @@ class CellRun:
             self.store.set(keys.abandoned, "0")
         mine = next((o for o in outcomes if o.rank == 0), peers.RankOutcome(rank=0, ok=False))
         if missing or not all(o.ok for o in outcomes):
-            phases = {r: read_phase(self.plan.phase_file(slot_rank0 + r)) for r in missing}
+            phases = {r: read_phase(self.plan.stamp_file(slot_rank0 + r)) for r in missing}
             fields = peers.blame(outcomes, phases, cell.timeout_s)
         else:
             fields = mine.prepared or self._verdict(cell, mine)
@@ -192,8 +192,8 @@ class CellRun:
         CLOCK.enter("record")
         phases = CLOCK.since(self.mark)
         if forked:
-            phases = fold(phases, "forked cell", read_totals(self.plan.phases_file(slot_rank0, cell=cell.index)))
-        phases = fold(phases, "reference", read_totals(self.plan.phases_file(slot_rank0, cell.index, "reference")))
+            phases = fold(phases, "forked cell", read_totals(self.plan.phase_times_file(slot_rank0, cell=cell.index)))
+        phases = fold(phases, "reference", read_totals(self.plan.phase_times_file(slot_rank0, cell.index, "reference")))
         rec = record.new_record(cell, run_id=self.plan.run_id, launch_id=self.plan.launch_id,
                                 patches_module=self.plan.patches_module,
                                 patches_module_id=self.plan.patches_module_id, t0=t0, order_seed=self.plan.shuffle,

@@ -43,7 +43,7 @@ from harness.plan.cells import Cell
 from harness.process.crashlog import exit_message, last_what
 from harness.process.tree import die_with_parent
 from harness.protocol import SETUP_PHASES, CellKeys, LaunchPlan, read_phase
-from harness.rank import cuts, peers
+from harness.rank import peers
 from harness.rank.leaks import TorchAttributes
 from harness.rank.phases import CLOCK
 from harness.rank.watchdog import Watchdog
@@ -173,7 +173,7 @@ class Zygote:
 
 
 def _phase(plan: LaunchPlan, global_rank: int) -> str | None:
-    return read_phase(plan.phase_file(global_rank))
+    return read_phase(plan.stamp_file(global_rank))
 
 
 def _note_hung_install(run, cell: Cell, keys: CellKeys, rank: int) -> None:
@@ -222,16 +222,15 @@ def _cell_process(plan: LaunchPlan, scenarios: dict, baseline: TorchAttributes, 
     CLOCK.reset()
     try:
         die_with_parent()
-        if cuts.enabled("gc_freeze"):
-            gc.freeze()
+        gc.freeze()
         world = int(os.environ["WORLD_SIZE"])
         run = CellRun(plan=plan, store=peers.connect_store(world, client_only=True), forked=True, baseline=baseline,
-                      watchdog=Watchdog(plan.phase_file(slot_rank0 + rank), on_expire=peers.unblock), scenarios=scenarios)
+                      watchdog=Watchdog(plan.stamp_file(slot_rank0 + rank), on_expire=peers.unblock), scenarios=scenarios)
         code = 0 if run.run_here(plan.cell(index), slot_rank0=slot_rank0, rank=rank, t0=t0) else 3
     except BaseException:
         traceback.print_exc()
     finally:
-        CLOCK.write(plan.phases_file(slot_rank0 + rank, cell=index), launch=plan.launch_id, rank=slot_rank0 + rank)
+        CLOCK.write(plan.phase_times_file(slot_rank0 + rank, cell=index), launch=plan.launch_id, rank=slot_rank0 + rank)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
@@ -246,8 +245,7 @@ def _reference_process(plan: LaunchPlan, scenarios: dict, *, index: int, install
     cell = plan.cell(index)
     try:
         die_with_parent()
-        if cuts.enabled("gc_freeze"):
-            gc.freeze()
+        gc.freeze()
         try:
             fields = judge(scenario_for(scenarios, cell), load_observed(plan.observed_file(index)), cell, installs,
                            references=plan.references_folder())
@@ -259,7 +257,7 @@ def _reference_process(plan: LaunchPlan, scenarios: dict, *, index: int, install
     except BaseException:
         traceback.print_exc()
     finally:
-        CLOCK.write(plan.phases_file(int(os.environ.get("RANK", "0")), cell=index, what="reference"),
+        CLOCK.write(plan.phase_times_file(int(os.environ.get("RANK", "0")), cell=index, what="reference"),
                     launch=plan.launch_id)
         sys.stdout.flush()
         sys.stderr.flush()

@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 import torch.distributed as dist
 
 from harness.plan.cells import Cell
-from harness.rank import cuts
 
 __all__ = ["CellGroups", "ProbeCache", "keep_group", "release"]
 
@@ -72,7 +71,7 @@ class CellGroups:
 
     def settle(self, *, keep: bool) -> None:
         """The judge's word on the cell: keep the default group for the slot's next cell, or not."""
-        if not keep or not cuts.enabled("group_reuse"):
+        if not keep:
             self.release()
 
     def release(self, *, failed: bool = False) -> None:
@@ -98,11 +97,11 @@ class ProbeCache:
     scope: tuple = ()
     hits: int = 0
 
-    def begin(self, patches: tuple[str, ...], *, world_size: int, slot_rank0: int) -> ProbeCache | None:
-        """Scope lookups to the cell about to train; None where the cut is off."""
+    def begin(self, patches: tuple[str, ...], *, world_size: int, slot_rank0: int) -> ProbeCache:
+        """Scope lookups to the cell about to train."""
         self.pending.clear()
         self.scope = (patches, world_size, slot_rank0)
-        return self if cuts.enabled("probe_cache") else None
+        return self
 
     def get(self, key: tuple) -> bool | None:
         found = self.kept.get((*self.scope, *key))

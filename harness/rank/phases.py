@@ -9,7 +9,7 @@ maps "step 0 micro-batch 1 backward" to "training").
 
 The judge puts the phases of its cell on the record (``Record.phases``: from the cell's
 start to its record); each process writes its totals beside the launch's other files
-(``LaunchPlan.phases_file``) at the end of every stage and at exit, and ``load_totals``
+(``LaunchPlan.phase_times_file``) at the end of every stage and at exit, and ``load_totals``
 adds them up for the benchmark's breakdown (``bench/launch_bench.py``).
 """
 

@@ -36,7 +36,6 @@ from pathlib import Path
 from typing import NoReturn
 
 from harness.protocol import IDLE, write_exit, write_phase
-from harness.rank import cuts
 from harness.rank.phases import CLOCK, category_of
 
 __all__ = ["CellTimeout", "PhaseBoard", "Watchdog", "note_exits"]
@@ -74,8 +73,6 @@ def _board(path: Path | None) -> Callable[[str], None] | None:
     """How stamps reach ``path``: its memory map, or (where it cannot be mapped) a write of the file."""
     if path is None:
         return None
-    if not cuts.enabled("memory_stamps"):
-        return lambda phase: write_phase(path, phase)
     try:
         return PhaseBoard(path).write
     except (OSError, ValueError):
@@ -85,9 +82,9 @@ def _board(path: Path | None) -> Callable[[str], None] | None:
 class Watchdog:
     """One per worker process; arm it per cell."""
 
-    def __init__(self, phase_file: Path | None, on_expire: Callable[[], object]) -> None:
-        self.phase_file = phase_file
-        self._write_phase = _board(phase_file)
+    def __init__(self, stamp_file: Path | None, on_expire: Callable[[], object]) -> None:
+        self.stamp_file = stamp_file
+        self._write_phase = _board(stamp_file)
         self.on_expire = on_expire
         self.phase = IDLE
         self.deadline: float | None = None

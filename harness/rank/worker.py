@@ -33,7 +33,7 @@ from harness.plan.cells import Cell
 from harness.process.cpus import pin_rank
 from harness.process.tree import die_with_parent
 from harness.protocol import LaunchPlan, stage_done
-from harness.rank import cuts, peers
+from harness.rank import peers
 from harness.rank.cell import CellRun
 from harness.rank.forked import Zygote
 from harness.rank.leaks import TorchAttributes
@@ -53,8 +53,8 @@ def main(argv: list[str] | None = None) -> None:
     CLOCK.reset("scenarios")
     CLOCK.add("startup", *process_age())
     die_with_parent()
-    if cuts.enabled("pin_ranks"):  # before any thread starts: they inherit it
-        pin_rank(int(os.environ.get("LOCAL_RANK", "0")), int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    # before any thread starts: they inherit it
+    pin_rank(int(os.environ.get("LOCAL_RANK", "0")), int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     parser = argparse.ArgumentParser(prog="harness.rank.worker")
     parser.add_argument("--plan", required=True)
     plan = LaunchPlan.load(parser.parse_args(argv).plan)
@@ -66,11 +66,10 @@ def main(argv: list[str] | None = None) -> None:
     mine = _cells_of(plan, rank)
     _preload(mine)  # before the first cell's deadline runs
     _import_requirements(mine, scenarios)
-    if cuts.enabled("gc_freeze"):
-        # torch's, transformers' and the harness's objects live as long as the rank: left
-        # in the collector's view, every full collection walks them again (a cell that
-        # collects per step, ``harness.train.resources``: 0.3-0.5 s each, tens of ms frozen)
-        gc.freeze()
+    # torch's, transformers' and the harness's objects live as long as the rank: left
+    # in the collector's view, every full collection walks them again (a cell that
+    # collects per step, ``harness.train.resources``: 0.3-0.5 s each, tens of ms frozen)
+    gc.freeze()
     baseline = TorchAttributes.take()  # torch as every cell starts with it (``harness.rank.leaks``)
     CLOCK.enter("rendezvous")
     # before any cell, thread or store connection: forked cells and every reference run in its forks
@@ -80,7 +79,7 @@ def main(argv: list[str] | None = None) -> None:
         # children (every reference, on the cell's device) unable to use it
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     store = peers.connect_store(world)
-    watchdog = Watchdog(plan.phase_file(rank), on_expire=peers.unblock)
+    watchdog = Watchdog(plan.stamp_file(rank), on_expire=peers.unblock)
     note_exits(watchdog, plan.exit_file(rank))  # a patch that calls os._exit: the launcher names rank, code, phase
     run = CellRun(plan=plan, store=store, watchdog=watchdog, scenarios=scenarios, zygote=zygote, baseline=baseline)
     CLOCK.enter("other")
@@ -94,7 +93,7 @@ def main(argv: list[str] | None = None) -> None:
         with CLOCK.timed("stage wait"):
             store.set(stage_done(plan.launch_id, n, rank), "done")
             peers.wait(store, [stage_done(plan.launch_id, n, r) for r in range(world)], 24 * 3600)
-        CLOCK.write(plan.phases_file(rank), launch=plan.launch_id, rank=rank)
+        CLOCK.write(plan.phase_times_file(rank), launch=plan.launch_id, rank=rank)
     _exit(0, plan, rank)  # avoids the frequent abort at interpreter exit after destroy_process_group()
 
 
@@ -110,7 +109,7 @@ def _preload(cells: list[Cell]) -> None:
     FSDP2 imports on first use (importing it sets up torch, ``torch.manual_seed`` included:
     before the rank's snapshot of torch, ``harness.rank.leaks``, and once, not in every
     forked process)."""
-    if any(c.patches for c in cells) or not cuts.enabled("selective_preload"):
+    if any(c.patches for c in cells):
         preload()
     else:
         importlib.import_module("torch._dynamo")
@@ -135,7 +134,7 @@ def import_requirements(names: Iterable[str]) -> list[str]:
 
 def _exit(code: int, plan: LaunchPlan | None = None, rank: int = 0) -> None:
     if plan is not None:
-        CLOCK.write(plan.phases_file(rank), launch=plan.launch_id, rank=rank)
+        CLOCK.write(plan.phase_times_file(rank), launch=plan.launch_id, rank=rank)
     sys.stdout.flush()
     sys.stderr.flush()
     _hard_exit(code)

@@ -15,19 +15,20 @@ import sys
 from pathlib import Path
 
 from harness.plan.cells import Cell
+from harness.vocabulary import DEFAULT_MODULE
 
 __all__ = ["export_script"]
 
 HARNESS = Path(__file__).resolve().parents[1]
 #: harness modules the standalone script needs (all depend on torch alone)
-HARNESS_MODULES = ("vocabulary", "imports", "scenario.apis", "scenario.sharding", "scenario.expect", "scenario.symptoms", "scenario.spec", "spec", "train.step",
+HARNESS_MODULES = ("vocabulary", "versions", "imports", "scenario.apis", "scenario.sharding", "scenario.expect", "scenario.symptoms", "scenario.spec", "spec", "train.step",
                    "plan.cells", "train.recipe", "train.reference", "train.compare", "train.norm_group", "train.gather",
                    "train.ledger", "train.resources", "train.meta_init", "train.faults", "train.probe", "train.requested", "train.fsdp", "undertest.source", "undertest.install", "scenario.load")
 EXPORTED_PATCHES = "_exported_patches"
 _SCENARIO_IMPORT = re.compile(r"^\s*(?:from|import)\s+(scenarios\.[\w.]+)", re.M)
 
 
-def export_script(cell: Cell, module: str, path: Path, *, patches_module: str = "fsdp_patches",
+def export_script(cell: Cell, module: str, path: Path, *, patches_module: str = DEFAULT_MODULE,
                   patch_mapping: dict[str, str] | None = None) -> Path:
     """Write the standalone script for ``cell`` (its scenario defined in ``module``) to ``path``."""
     import torch

@@ -16,6 +16,7 @@ from harness.plan.cells import plan_cells
 from harness.results.record import Record
 from harness.scenario.load import load_scenarios, select
 from harness.scenario.spec import Scenario
+from harness.vocabulary import DEFAULT_MODULE
 
 __all__ = ["ReproRequest", "default_world_size", "format_report", "launch_hint", "repro"]
 
@@ -26,7 +27,7 @@ class ReproRequest:
     world_size: int | None = None
     variant: str = "vanilla"
     device: str = "cpu"
-    patches: str = "fsdp_patches"
+    patches: str = DEFAULT_MODULE
     patch_mapping: dict[str, str] = field(default_factory=dict)
     timeout_s: float | None = None
     scenario_dirs: list[str] = field(default_factory=list)

@@ -13,9 +13,10 @@ import ast
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.vocabulary import DEFAULT_WORLD_SIZES
+
 __all__ = ["Catalog", "read_catalog"]
 
-DEFAULT_WORLD_SIZES = (1, 2, 4)
 SCENARIOS_DIR = Path(__file__).resolve().parents[2] / "scenarios"
 
 

@@ -22,7 +22,7 @@ from harness.scenario.apis import UNUSED_PARAMS_API, PublicApi
 from harness.scenario.expect import GLOO_ABORT, HANG, PASS, Expect, torch_release
 from harness.scenario.sharding import Sharding
 from harness.scenario.symptoms import differs_only, from_step, grads_scaled, presence_lost
-from harness.vocabulary import DEVICES, Device
+from harness.vocabulary import DEFAULT_WORLD_SIZES, DEVICES, Device
 
 __all__ = [
     "GLOO_ABORT",
@@ -187,7 +187,7 @@ class Scenario:
     #: that reports a quirk as the upstream bug it is sets this False
     reference_quirks: bool = True
     groups: Groups = field(default_factory=Groups)
-    world_sizes: tuple[int, ...] = (1, 2, 4)
+    world_sizes: tuple[int, ...] = DEFAULT_WORLD_SIZES
     devices: tuple[Device, ...] = DEVICES
     #: patch names the patched variant installs (see README "The patches module under test")
     patches: tuple[str, ...] = ()

@@ -26,6 +26,7 @@ from types import ModuleType
 
 from harness.imports import import_file
 from harness.undertest.source import UTILITIES, is_path
+from harness.vocabulary import DEFAULT_MODULE
 
 __all__ = [
     "DEFAULT_MODULE",
@@ -38,7 +39,6 @@ __all__ = [
     "resolve",
 ]
 
-DEFAULT_MODULE = "fsdp_patches"
 
 
 @dataclass(kw_only=True, frozen=True)

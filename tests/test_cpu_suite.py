@@ -1,4 +1,4 @@
-"""The whole CPU suite in this environment (torch 2.13 in CI): every scenario and variant
+"""The whole CPU suite on the torch installed here (2.13 in CI): every scenario and variant
 at every world size it supports, each cell as its scenario documents."""
 
 import json
