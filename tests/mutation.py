@@ -249,12 +249,12 @@ MUTANTS: tuple[Mutant, ...] = (
            scenarios=(*B_SCENARIOS, "b4_mixed_dtype_fresh_grad_first"),
            caught_by=(Catch(cell="b4_mixed_dtype_fresh_grad_first[patched,w2]", status="mismatch", match="grad used."),),
            why="widens a mixed group to its first grad's dtype: right while the accumulated fp32 grad comes first"),
-    Mutant(name="clip_norm_in_bf16", file="_grad_norm.py",
-           old="    return torch.float64 if any(d in wide for d in dtypes) else torch.float32\n",
-           new="    dtypes = list(dtypes)\n    return torch.float64 if any(d in wide for d in dtypes) else dtypes[0]\n",
-           scenarios=("pure_bf16", "pure_bf16_l2_clip", "plain", "hsdp_clip"),
-           caught_by=(Catch(cell="pure_bf16_l2_clip[patched,w1]", status="mismatch", match="clipped"),),
-           why="accumulates the norm in the grads' dtype: exact for pure_bf16's inf-norm, bf16 sums for the 2-norm"),
+    # No mutant for a bf16 2-norm accumulated in bf16: measured, it lands within one bf16 ulp of
+    # the norm accumulated in fp32 on pure_bf16_l2_clip (0.0962 vs 0.0957 at world size 1, both
+    # squares summed at once and one by one), which is also how far torch's own clip_grad_norm_
+    # is from it (an H200, torch 2.11); the clip is judged to that ulp (harness.train.reference),
+    # so such a norm is bf16 rounding, not a mistake this harness can or should flag. A norm off
+    # by more than that is caught (tests/test_reference.py).
     Mutant(name="k_compute_dtype", file="by_dtype.py",
            old="        if not _rejected_by_torch(module, ignored, counts_frozen):\n",
            new="        policy = kwargs.get(\"mp_policy\")\n"
