@@ -139,8 +139,11 @@ def cli_suite(tree: Path, out: Path, scenarios: list[str], extra_env: dict[str, 
     env.update(extra_env or {})
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    subprocess.run(cmd, cwd=tree, env=env, capture_output=True, timeout=3600)
+    done = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=3600)
     wall = time.perf_counter() - t0
+    if not out.is_file():  # refused before any cell ran (a bad scenario name, a device it lacks)
+        last = (done.stderr.strip() or done.stdout.strip() or f"exit code {done.returncode}").splitlines()[-1]
+        raise SystemExit(f"the suite from {tree} wrote no records: {last}")
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
     records = [Record.from_json(line) for line in out.read_text().splitlines() if line.strip()]

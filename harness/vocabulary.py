@@ -1,5 +1,6 @@
 """The project's vocabulary, in one torch-free place: statuses, variants, devices,
-verdicts and patch statuses, and the ``"a|b"`` status syntax.
+verdicts and patch statuses, the failure kinds the harness records, the defaults a run
+starts from, and the ``"a|b"`` status syntax.
 
 Every other module imports these names from here; nothing else defines them.
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 from typing import Literal, get_args
 
 __all__ = [
+    "Failure",
     "DEFAULT_MODULE",
     "DEFAULT_WORLD_SIZES",
     "DEVICES",
@@ -103,6 +105,28 @@ PS_NOT_RUN = "not run"
 PATCH_STATUSES: tuple[str, ...] = (
     PS_BROKEN, PS_NOT_PROVIDED, PS_NEEDED, PS_API, PS_BACKPORT, PS_RETIRE, PS_NOT_APPLICABLE, PS_NOT_RUN,
 )
+
+
+class Failure:
+    """The kinds of failure the harness itself writes to a record's ``exc_type`` (beside the
+    names of exceptions the code under test raised), one spelling each."""
+
+    #: no result within the cell's timeout (``harness.rank.watchdog.CellTimeout``)
+    CELL_TIMEOUT = "CellTimeout"
+    #: a rank's process died of a signal
+    SIGNAL = "Signal"
+    #: a rank's process exited (``os._exit`` in the code under test)
+    EXIT_CODE = "ExitCode"
+    #: a launch ended without a result and without a rank to blame
+    LAUNCH_ERROR = "LaunchError"
+    #: the harness could not judge the cell (its reference process failed, no snapshots)
+    HARNESS_ERROR = "HarnessError"
+    #: the scenario itself is wrong (its reference is not finite)
+    SCENARIO_ERROR = "ScenarioError"
+    #: a scenario file failed to load
+    SCENARIO_LOAD_ERROR = "ScenarioLoadError"
+    #: a patch of the cell's set failed to install
+    PATCH_INSTALL_ERROR = "PatchInstallError"
 
 
 def parse_statuses(text: str | tuple[str, ...] | list[str]) -> tuple[str, ...]:

@@ -40,7 +40,7 @@ from harness.process.gpus import gpu_slice, skip_reason, visible_gpus, worker_sl
 from harness.protocol import IDLE, LaunchPlan, phase_words, read_exit, read_phase
 from harness.results import record
 from harness.undertest.locations import import_root, worker_spec
-from harness.vocabulary import DEFAULT_MODULE
+from harness.vocabulary import DEFAULT_MODULE, Failure
 
 __all__ = ["LaunchOptions", "RunResult", "run_cells"]
 
@@ -186,7 +186,7 @@ def _launch(cells: list[Cell], opts: LaunchOptions, result: RunResult) -> list[C
     elif opened:
         crashed = crashed or _exited(plan, [r for i in opened for r in watch.ranks.get(i, [])])
         exc_type, msg, rank = crash_cause(log_path) if crashed is None else (crashed[1], crashed[2], crashed[0])
-        if exc_type in ("LaunchError", "ExitCode") and crashed is None:
+        if exc_type in (Failure.LAUNCH_ERROR, Failure.EXIT_CODE) and crashed is None:
             exc_type, msg, rank = _exit_in_phase(plan, proc.returncode, watch, opened, (exc_type, msg, rank))
         culprits = [i for i in opened if rank in watch.ranks.get(i, [])] or list(opened)
         for i in culprits:
@@ -208,7 +208,7 @@ def _exited(plan: LaunchPlan, ranks: list[int]) -> tuple[int, str, str] | None:
     """(rank, exc type, message) of the first of ``ranks`` that noted an exit by code under test."""
     for rank in sorted(set(ranks)):
         if (noted := read_exit(plan.exit_file(rank))) is not None:
-            return rank, "ExitCode", exit_message(rank, noted.code, noted.phase)
+            return rank, Failure.EXIT_CODE, exit_message(rank, noted.code, noted.phase)
     return None
 
 
@@ -217,12 +217,12 @@ def _exit_in_phase(plan: LaunchPlan, returncode: int | None, watch: LaunchFollow
     """A launch that ended with a cell open and no error in its log: add where the rank was to
     torchrun's "rank R exited with code N"; or torchrun exited 0 (every rank exited 0)."""
     exc_type, msg, rank = cause
-    if exc_type == "ExitCode" and rank is not None and (phase := read_phase(plan.stamp_file(rank))) not in (None, IDLE):
+    if exc_type == Failure.EXIT_CODE and rank is not None and (phase := read_phase(plan.stamp_file(rank))) not in (None, IDLE):
         return exc_type, f"{msg} {phase_words(phase)}", rank
     ranks = [r for i in opened for r in watch.ranks.get(i, [])]
     busy = [(r, phase) for r in ranks if (phase := read_phase(plan.stamp_file(r))) not in (None, IDLE)]
-    if exc_type == "LaunchError" and returncode == 0 and busy:
-        return "ExitCode", exit_message(busy[0][0], 0, busy[0][1]), busy[0][0]
+    if exc_type == Failure.LAUNCH_ERROR and returncode == 0 and busy:
+        return Failure.EXIT_CODE, exit_message(busy[0][0], 0, busy[0][1]), busy[0][0]
     return cause
 
 
@@ -255,7 +255,7 @@ def _follow(proc, plan: LaunchPlan, log_path: Path, watch: LaunchFollower, by_in
             if plan.crash_file(rank).stat().st_size if plan.crash_file(rank).exists() else 0:
                 time.sleep(0.3)  # let the dying rank's C++ message reach the log
                 return None, (rank, *(fatal_signal(plan.crash_file(rank), log_path, rank)
-                                      or ("Signal", f"rank {rank} died of a fatal signal")))
+                                      or (Failure.SIGNAL, f"rank {rank} died of a fatal signal")))
         if not watch.starts and now - t0 > opts.startup_timeout_s:
             return None, None
         if watch.starts and not open_cells and now - last > idle_s:

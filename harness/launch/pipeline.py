@@ -17,7 +17,7 @@ from harness.plan.cells import Cell, all_patch_names, plan_cells
 from harness.results.record import Record, append, finish, new_record
 from harness.scenario.load import LoadError, load_scenarios, select
 from harness.undertest.source import PatchSource, check_patch_names, deployed_patches, locate, near_misses
-from harness.vocabulary import DEFAULT_MODULE, VARIANTS
+from harness.vocabulary import DEFAULT_MODULE, VARIANTS, Failure
 
 __all__ = ["RunRequest", "run"]
 
@@ -108,7 +108,7 @@ def _load_error_record(error: LoadError, req: RunRequest, opts: LaunchOptions) -
                 mesh=(), timeout_s=0.0, why="the scenario file must load")
     now = time.time()
     rec = new_record(cell, run_id=req.run_id, launch_id="loader", patches_module=req.patches, t0=now, status="error",
-                     exc_type="ScenarioLoadError", exc_msg=f"scenario file failed to load: {error}")
+                     exc_type=Failure.SCENARIO_LOAD_ERROR, exc_msg=f"scenario file failed to load: {error}")
     append(req.out, finish(rec, now))
     if opts.on_record is not None:
         opts.on_record(rec)

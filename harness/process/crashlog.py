@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from harness.vocabulary import Failure
+
 __all__ = ["crash_cause", "exit_message", "fatal_signal", "last_what", "tail"]
 
 #: the first line Python's faulthandler writes for each fatal signal
@@ -29,7 +31,7 @@ def crash_cause(log_path: Path) -> tuple[str, str, int | None]:
     if sig:
         what = _last_what_in(text)  # the C++ exception that ended the process (gloo enforce, ...)
         detail = f": {what}" if what else ""
-        return "Signal", f"rank {rank} died: signal {sig.group(1)} ({sig.group(2)}){detail}", rank
+        return Failure.SIGNAL, f"rank {rank} died: signal {sig.group(1)} ({sig.group(2)}){detail}", rank
     errors = [
         ln for ln in text.splitlines() if re.search(r"\b\w+(Error|Exception)\b: ", ln) and "ChildFailedError" not in ln
     ]
@@ -38,8 +40,8 @@ def crash_cause(log_path: Path) -> tuple[str, str, int | None]:
         return line.split(":", 1)[0], line[:500], rank
     code = _EXITCODE.search(root)
     if code:
-        return "ExitCode", f"rank {rank} exited with code {code.group(1)}", rank
-    return "LaunchError", "launch ended without a result (see log)", rank
+        return Failure.EXIT_CODE, f"rank {rank} exited with code {code.group(1)}", rank
+    return Failure.LAUNCH_ERROR, "launch ended without a result (see log)", rank
 
 
 def exit_message(rank: int | None, code: int, phase: str | None) -> str:
@@ -67,7 +69,7 @@ def fatal_signal(crash_file: Path, log_path: Path, rank: int) -> tuple[str, str]
         return None
     what = last_what(log_path)
     detail = f": {what}" if what else ""
-    return "Signal", f"rank {rank} died: signal {fatal[0]} ({fatal[1]}){detail}"
+    return Failure.SIGNAL, f"rank {rank} died: signal {fatal[0]} ({fatal[1]}){detail}"
 
 
 def last_what(log_path: Path) -> str | None:

@@ -43,6 +43,7 @@ from harness.results import record
 from harness.scenario.spec import Scenario
 from harness.undertest.install import install_set, load_patches_module
 from harness.undertest.undo import PatchUndo, forget_module
+from harness.vocabulary import Failure
 
 __all__ = ["CellRun"]
 
@@ -209,7 +210,7 @@ class CellRun:
         """The reference and the comparison, in a process of their own where one can be forked."""
         path = self.plan.observed_file(cell.index)
         if not mine.observed or not path.exists():
-            return dict(status="error", exc_type="HarnessError", exc_msg="the judging rank saved no snapshots")
+            return dict(status="error", exc_type=Failure.HARNESS_ERROR, exc_msg="the judging rank saved no snapshots")
         if self.plan.dump_dir:
             dump(self.plan.dump_dir, cell, path)
         with CLOCK.timed("reference"):
@@ -225,7 +226,7 @@ class CellRun:
     def _prepare(self, cell: Cell) -> dict[str, Any]:
         """Install the cell's patch set; fields of a record that needs no training, or {}."""
         if cell.patches in self.hung_sets:
-            return dict(status="hang", exc_type="CellTimeout", exc_msg=f"not run: installing this patch set hung in "
+            return dict(status="hang", exc_type=Failure.CELL_TIMEOUT, exc_msg=f"not run: installing this patch set hung in "
                         f"cell {self.hung_sets[cell.patches]} of this launch")
         try:
             self._activate(cell.patches)
@@ -235,7 +236,7 @@ class CellRun:
         errors = [f"patch install error: {n}: {self.installs[n]['reason']}" for n in cell.patches
                   if self.installs.get(n, {}).get("status") == "error"]
         if errors:
-            return dict(status="error", exc_type="PatchInstallError", exc_msg=errors[0])
+            return dict(status="error", exc_type=Failure.PATCH_INSTALL_ERROR, exc_msg=errors[0])
         missing = [n for n in cell.scenario_patches if n in cell.patches
                    and self.installs.get(n, {}).get("status") == "not-provided"]
         if missing and cell.variant in ("patched", "api"):  # it would run as vanilla, to no purpose

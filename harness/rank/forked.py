@@ -47,6 +47,7 @@ from harness.rank import peers
 from harness.rank.leaks import TorchAttributes
 from harness.rank.phases import CLOCK
 from harness.rank.watchdog import Watchdog
+from harness.vocabulary import Failure
 
 __all__ = ["Zygote"]
 
@@ -96,12 +97,12 @@ class Zygote:
                 name = signal.Signals(sig).name
                 what = last_what(run.plan.log_file)
                 peers.post(run.store, keys, peers.RankOutcome(
-                    rank=rank, ok=False, exc_type="Signal", t_fail=time.time(), phase=_phase(run.plan, slot_rank0 + rank),
+                    rank=rank, ok=False, exc_type=Failure.SIGNAL, t_fail=time.time(), phase=_phase(run.plan, slot_rank0 + rank),
                     exc_msg=f"rank {rank} died: signal {int(sig)} ({name})" + (f": {what}" if what else "")))
         elif os.WIFEXITED(status) and not run.store.check([keys.status(rank)]):  # user code called os._exit
             phase = _phase(run.plan, slot_rank0 + rank)
             peers.post(run.store, keys, peers.RankOutcome(
-                rank=rank, ok=False, exc_type="ExitCode", t_fail=time.time(), phase=phase,
+                rank=rank, ok=False, exc_type=Failure.EXIT_CODE, t_fail=time.time(), phase=phase,
                 exc_msg=exit_message(rank, os.WEXITSTATUS(status), phase)))
         _note_hung_install(run, cell, keys, rank)
         if rank == 0:
@@ -125,12 +126,12 @@ class Zygote:
         if pid is None:
             why = "the zygote is gone"
         elif status is None:
-            return dict(status="hang", exc_type="CellTimeout", exc_msg="reference/compare timed out")
+            return dict(status="hang", exc_type=Failure.CELL_TIMEOUT, exc_msg="reference/compare timed out")
         elif os.WIFSIGNALED(status):
             why = f"its process died: signal {os.WTERMSIG(status)} ({signal.Signals(os.WTERMSIG(status)).name})"
         else:
             why = f"its process exited with code {os.WEXITSTATUS(status)}"
-        return dict(status="error", exc_type="HarnessError", exc_msg=f"reference/compare failed: {why}")
+        return dict(status="error", exc_type=Failure.HARNESS_ERROR, exc_msg=f"reference/compare failed: {why}")
 
     def fork(self, request: dict[str, Any]) -> int | None:
         """The pid of a new process serving ``request`` (a cell's or a reference's); None when
@@ -182,7 +183,7 @@ def _note_hung_install(run, cell: Cell, keys: CellKeys, rank: int) -> None:
     if not run.store.check([keys.status(rank)]):
         return
     outcome = peers.RankOutcome(**json.loads(run.store.get(keys.status(rank))))
-    if outcome.exc_type == "CellTimeout" and (outcome.phase or "").startswith(SETUP_PHASES[:2]):
+    if outcome.exc_type == Failure.CELL_TIMEOUT and (outcome.phase or "").startswith(SETUP_PHASES[:2]):
         run.hung_sets.setdefault(cell.patches, cell.index)
 
 

@@ -38,6 +38,7 @@ from harness.train.reference import GLOO_AVG_FIX, gloo_avg_declared, quirks_for,
 from harness.train.resources import growth_problems
 from harness.train.reuse import reference_key, reused
 from harness.train.step import StepTensors
+from harness.vocabulary import Failure
 
 __all__ = ["dump", "judge", "load_observed", "save_observed", "scenario_for"]
 
@@ -93,7 +94,7 @@ def judge(scenario: Scenario, observed: list[StepTensors], cell: Cell,
         fields.update(status="mismatch", worst="sharding: " + "; ".join(problems[:3])
                       + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""))
     if result.reference_nonfinite:
-        fields.update(status="error", exc_type="ScenarioError",
+        fields.update(status="error", exc_type=Failure.SCENARIO_ERROR,
                       exc_msg=f"the reference itself is non-finite ({', '.join(result.reference_nonfinite[:3])}): "
                               "the scenario is wrong, not FSDP2")
     expect = scenario.expected(variant=cell.variant, torch_version=torch.__version__, device=cell.device,

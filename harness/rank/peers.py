@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from harness.protocol import CellKeys, phase_key
 from harness.rank.watchdog import CellTimeout, Watchdog
+from harness.vocabulary import Failure
 
 __all__ = ["RankOutcome", "blame", "collect_outcomes", "connect_store", "failure", "post", "shutdown_peer_sockets",
            "unblock", "wait"]
@@ -61,7 +62,7 @@ class RankOutcome:
 
     @property
     def timed_out(self) -> bool:
-        return self.exc_type == "CellTimeout" or any(m in (self.exc_msg or "") for m in _TIMEOUT_MARKERS)
+        return self.exc_type == Failure.CELL_TIMEOUT or any(m in (self.exc_msg or "") for m in _TIMEOUT_MARKERS)
 
 
 def connect_store(world: int, *, client_only: bool = False) -> dist.Store:
@@ -110,7 +111,7 @@ def blame(outcomes: list[RankOutcome], missing: dict[int, str | None], timeout_s
     failed = [o for o in outcomes if not o.ok]
     rank_errors = {str(o.rank): f"{o.exc_type}: {o.exc_msg}" for o in failed}
     # a forked cell's process killed by a signal, or ended by user code's os._exit
-    dead = [o for o in failed if o.exc_type in ("Signal", "ExitCode")]
+    dead = [o for o in failed if o.exc_type in (Failure.SIGNAL, Failure.EXIT_CODE)]
     if dead:
         first = min(dead, key=lambda o: (o.t_fail or 0.0, o.rank))
         return dict(status="crash", exc_type=first.exc_type, exc_msg=first.exc_msg, failing_rank=first.rank,
@@ -135,7 +136,7 @@ def blame(outcomes: list[RankOutcome], missing: dict[int, str | None], timeout_s
                        *(f"rank {r} never reported (last in {p!r})" for r, p in sorted(missing.items()))])
     primary = next((o for o in failed if o.rank == behind[0]), None)
     arrived = "" if len(behind) == len(phases) else " did not arrive"
-    return fields | dict(status="hang", exc_type="CellTimeout", failing_rank=behind[0],
+    return fields | dict(status="hang", exc_type=Failure.CELL_TIMEOUT, failing_rank=behind[0],
                          exc_msg=f"no result within {timeout_s:g} s: rank(s) {behind}{arrived} ({where})",
                          traceback=primary.traceback if primary else None)
 
@@ -200,6 +201,6 @@ def failure(rank: int, e: BaseException, watchdog: Watchdog) -> RankOutcome:
         msg = f"the cell's deadline passed in {watchdog.phase!r}"
     elif isinstance(e, SystemExit):  # str(SystemExit(0)) is "0"
         msg = f"SystemExit {e.code} during {watchdog.phase!r}"
-    return RankOutcome(rank=rank, ok=False, exc_type="CellTimeout" if fired else type(e).__name__, exc_msg=msg,
+    return RankOutcome(rank=rank, ok=False, exc_type=Failure.CELL_TIMEOUT if fired else type(e).__name__, exc_msg=msg,
                              traceback=traceback.format_exc()[-8000:], t_fail=time.time(), phase=watchdog.phase,
                              where=watchdog.where if fired else None, in_collective=watchdog.in_collective if fired else None)
