@@ -126,3 +126,35 @@ def test_a_shuffled_order_with_the_leaks_gives_the_same_verdicts(tmp_path):
         < min(order.index(k) for k in (("z_probe", "vanilla"), ("z_probe", "patched"))), order
     diff = diff_runs(load_side(tmp_path / "planned.jsonl"), load_side(tmp_path / "shuffled.jsonl"))
     assert diff.verdict_changes == 0, diff.markdown()
+
+
+def test_the_scan_skips_namespaces_by_version_tag_and_still_sees_every_change():
+    """After a scan found torch as ``take()`` saw it, namespaces whose dict's version tag has
+    not moved are skipped; a change made after that scan is seen and put back all the same."""
+    import sys
+
+    import torch
+    import torch.nn.functional as F
+
+    from harness.rank import leaks
+
+    if sys.implementation.name == "cpython" and sys.version_info < (3, 14):
+        assert leaks._TAG_OFFSET is not None  # the fast path runs on the interpreters CI uses
+    baseline = leaks.TorchAttributes.take()
+    assert baseline.changes() == []  # a clean scan: every namespace's tag noted
+    original = F.linear
+
+    def wrapped(*args, **kwargs):
+        return original(*args, **kwargs)
+
+    try:
+        F.linear = wrapped
+        assert "torch.nn.functional.linear" in baseline.changes()
+        assert baseline.restore() == ["torch.nn.functional.linear"] and F.linear is original
+        del torch.nn.Linear.extra_repr
+        assert baseline.changes() == ["torch.nn.modules.linear.Linear.extra_repr (removed)"]
+        baseline.restore()
+        assert "extra_repr" in vars(torch.nn.Linear) and baseline.changes() == []
+    finally:
+        F.linear = original
+        baseline.restore()

@@ -27,6 +27,8 @@ as its submodules load): ``--isolate fork``.
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import os
 import sys
 from dataclasses import dataclass, field
@@ -49,9 +51,18 @@ def _torch_module(name: str) -> bool:
 
 @dataclass
 class TorchAttributes:
-    """(object, its attribute names, their values) for every torch module and class, at ``take()``."""
+    """(object, its attribute names, their values) for every torch module and class, at ``take()``.
+
+    A scan compares every namespace with what ``take()`` saw (``_same``: 11 ms for 4,578
+    namespaces on torch 2.13, after every cell). Where CPython keeps a version tag in each dict
+    that changes with every change to it (``_TAG_OFFSET``, checked at import), a namespace
+    whose tag has not moved since a scan found it as ``take()`` saw it is skipped."""
 
     held: list[tuple[Any, tuple[str, ...], tuple[Any, ...]]] = field(default_factory=list)
+    #: per namespace of ``held``: its dict's version tag when a scan last found it unchanged (None: not yet)
+    clean: list[int | None] = field(default_factory=list)
+    #: per namespace of ``held``: a reader of its dict's version tag (None: no fast path)
+    tags: list[Any] = field(default_factory=list)
 
     @classmethod
     def take(cls) -> TorchAttributes:
@@ -68,7 +79,8 @@ class TorchAttributes:
                     if isinstance(owner, str) and _torch_module(owner):
                         seen.add(id(value))
                         held.append((value, tuple(value.__dict__), tuple(value.__dict__.values())))
-        return cls(held=held)
+        tags = [_tag_of(obj) for obj, _, _ in held]
+        return cls(held=held, clean=[None if t is None else t.value for t in tags], tags=tags)
 
     def changes(self, *, added: bool = True) -> list[str]:
         """Dotted names whose function, method or class was replaced, added or removed since
@@ -108,9 +120,14 @@ class TorchAttributes:
     def _changed(self) -> list[tuple[str, Any, str, Any]]:
         """(dotted name, owner, attribute, value at ``take()``) for each change ``changes`` names."""
         out: list[tuple[str, Any, str, Any]] = []
-        for obj, keys, values in self.held:
+        for i, (obj, keys, values) in enumerate(self.held):
+            tag = self.tags[i] if i < len(self.tags) else None
+            if tag is not None and tag.value == self.clean[i]:
+                continue  # its dict has not changed since it was found as take() saw it
             now = obj.__dict__
             if _same(now, keys, values):
+                if tag is not None:
+                    self.clean[i] = tag.value
                 continue
             before = dict(zip(keys, values))
             label = obj.__name__ if isinstance(obj, ModuleType) else f"{obj.__module__}.{obj.__qualname__}"
@@ -164,6 +181,41 @@ def _from_torch(value: Any, depth: int = 0) -> bool:
 
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+
+
+def _version_tag_offset() -> int | None:
+    """Where CPython keeps a dict's version tag (PEP 509: ``ma_version_tag``, after the object
+    header and ``ma_used``), if this interpreter has one that changes with every change to the
+    dict: checked on a dict of our own, else None (no fast path, every namespace compared)."""
+    if sys.implementation.name != "cpython" or sys.version_info >= (3, 14):
+        return None
+    word = ctypes.sizeof(ctypes.c_ssize_t)
+    probe = {"a": 1, "b": 2, "c": 3}
+    try:
+        if ctypes.c_ssize_t.from_address(id(probe) + 2 * word).value != len(probe):
+            return None  # not the layout expected (a debug build's larger header)
+        tag = ctypes.c_uint64.from_address(id(probe) + 3 * word)
+        seen = [tag.value]
+        for change in (lambda: probe.__setitem__("a", 4), lambda: probe.__setitem__("d", 5),
+                       lambda: probe.__delitem__("b")):
+            change()
+            seen.append(tag.value)
+        return 3 * word if len(set(seen)) == len(seen) else None
+    except Exception:
+        return None
+
+
+_TAG_OFFSET = _version_tag_offset()
+
+
+def _tag_of(obj: Any) -> Any:
+    """A live reader (``.value``) of the version tag of ``obj``'s attribute dict, or None."""
+    if _TAG_OFFSET is None:
+        return None
+    d = vars(obj) if isinstance(obj, ModuleType) else next(iter(gc.get_referents(obj.__dict__)), None)
+    if type(d) is not dict:
+        return None
+    return ctypes.c_uint64.from_address(id(d) + _TAG_OFFSET)
 
 
 @dataclass(kw_only=True)
