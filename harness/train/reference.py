@@ -121,14 +121,12 @@ def run_reference(scenario: Scenario, world_size: int, *, quirks: list[str] | No
     one step at a time from what FSDP2 produced (``observed``, see above), else on its own;
     on ``device`` (built like the FSDP2 side's model: on the CPU then moved, or on meta and
     initialised where the sharded run initialises it, ``harness.train.meta_init``)."""
+    device = torch.device(device)
     torch.manual_seed(MODEL_SEED)
-    if scenario.sharding.init == "meta":
-        model = build_on_meta(scenario, torch.device(device))
-    else:
-        model = scenario.model().to(device)
+    model = build_on_meta(scenario, device) if scenario.sharding.init == "meta" else scenario.model().to(device)
     named = dict(model.named_parameters())
     side = ReferenceSide(scenario, model, scenario.sharding.data_parallel(world_size), quirks or [], observed,
-                         device=torch.device(device))
+                         device=device)
     return recipe.train(scenario, side, named)
 
 
@@ -199,17 +197,21 @@ class ReferenceSide:
         own = {name: p.grad for name, p in self.named.items()}
         if self.observed is not None and snap.step < len(self.observed):
             theirs = self.observed[snap.step]
-            fed = theirs.clipped if self.scenario.clip is not None else theirs.grads
-            for name, p in self.named.items():
-                o = fed.get(name)
-                if p.grad is not None and _usable(o, p):
-                    p.grad = o.to(p.grad.device, p.grad.dtype).clone()
+            self._take_grads(theirs.clipped if self.scenario.clip is not None else theirs.grads)
         before = {name: p.detach().clone() for name, p in self.named.items()}
         optimizer.step()
         for name, p in self.named.items():
             p.grad = own[name]
             change = (p.detach() - before[name]).abs()
             snap.update[name] = float(change.max()) if change.numel() else 0.0
+
+    def _take_grads(self, theirs: dict[str, torch.Tensor | None]) -> None:
+        """FSDP2's grads (private copies, in the reference's device and dtype) in place of the
+        reference's own, where both sides have one."""
+        for name, p in self.named.items():
+            o = theirs.get(name)
+            if p.grad is not None and _usable(o, p):
+                p.grad = o.to(p.grad.device, p.grad.dtype).clone()
 
     def micro_batch(self, step: int, k: int, micro_batch: MicroBatch) -> None:
         for name, g in self._mean_over_ranks(step, k, micro_batch.sync).items():
@@ -269,10 +271,7 @@ class ReferenceSide:
         used: float | None = None
         if self.observed is not None and self.step < len(self.observed):
             theirs = self.observed[self.step]
-            for name, p in self.named.items():
-                o = theirs.grads.get(name)
-                if p.grad is not None and _usable(o, p.grad):
-                    p.grad = o.to(p.grad.device, p.grad.dtype).clone()
+            self._take_grads(theirs.grads)
             if theirs.grad_norm is not None and math.isfinite(theirs.grad_norm):
                 used = theirs.grad_norm
         with_grad = [p for p in self.named.values() if p.grad is not None]
