@@ -59,10 +59,14 @@ class TorchAttributes:
     whose tag has not moved since a scan found it as ``take()`` saw it is skipped."""
 
     held: list[tuple[Any, tuple[str, ...], tuple[Any, ...]]] = field(default_factory=list)
-    #: per namespace of ``held``: its dict's version tag when a scan last found it unchanged (None: not yet)
-    clean: list[int | None] = field(default_factory=list)
     #: per namespace of ``held``: a reader of its dict's version tag (None: no fast path)
-    tags: list[Any] = field(default_factory=list)
+    tags: list[Any] = field(init=False)
+    #: per namespace of ``held``: its dict's version tag when it was last found as ``take()`` saw it
+    clean: list[int | None] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.tags = [_tag_of(obj) for obj, _, _ in self.held]
+        self.clean = [None if t is None else t.value for t in self.tags]
 
     @classmethod
     def take(cls) -> TorchAttributes:
@@ -79,8 +83,7 @@ class TorchAttributes:
                     if isinstance(owner, str) and _torch_module(owner):
                         seen.add(id(value))
                         held.append((value, tuple(value.__dict__), tuple(value.__dict__.values())))
-        tags = [_tag_of(obj) for obj, _, _ in held]
-        return cls(held=held, clean=[None if t is None else t.value for t in tags], tags=tags)
+        return cls(held=held)
 
     def changes(self, *, added: bool = True) -> list[str]:
         """Dotted names whose function, method or class was replaced, added or removed since
@@ -120,8 +123,7 @@ class TorchAttributes:
     def _changed(self) -> list[tuple[str, Any, str, Any]]:
         """(dotted name, owner, attribute, value at ``take()``) for each change ``changes`` names."""
         out: list[tuple[str, Any, str, Any]] = []
-        for i, (obj, keys, values) in enumerate(self.held):
-            tag = self.tags[i] if i < len(self.tags) else None
+        for i, ((obj, keys, values), tag) in enumerate(zip(self.held, self.tags)):
             if tag is not None and tag.value == self.clean[i]:
                 continue  # its dict has not changed since it was found as take() saw it
             now = obj.__dict__
