@@ -53,22 +53,13 @@ def ledger_summaries(records: Iterable[Any]) -> dict[CellKey, dict[str, Usage]]:
 def describe(before: Summary, after: Summary) -> list[str]:
     """What changed from ``before`` to ``after``, one phrase per kind and phase."""
     out = []
-    for key in sorted(set(before) | set(after)):
-        was, now = before.get(key), after.get(key)
-        if was is None:
-            out.append(f"{key} new ({now.count}× {'/'.join(now.dtypes)})")  # type: ignore[union-attr]
-        elif now is None:
-            out.append(f"{key} gone (was {was.count}× {'/'.join(was.dtypes)})")
+    for key, what, numbers in _changes(before, after):
+        if what in ("new", "gone"):
+            out.append(f"{key} {what} ({numbers})")
+        elif what.startswith("dtype"):
+            out.append(f"{key} {what}" + (f", {numbers}" if numbers else ""))
         else:
-            parts = []
-            if was.dtypes != now.dtypes:
-                parts.append(f"dtype {'/'.join(was.dtypes)} → {'/'.join(now.dtypes)}")
-            if was.count != now.count:
-                parts.append(f"count {was.count} → {now.count}")
-            if was.bytes != now.bytes:
-                parts.append(f"bytes {was.bytes} → {now.bytes}")
-            if parts:
-                out.append(f"{key} {', '.join(parts)}")
+            out.append(f"{key} {numbers}")
     return out
 
 
@@ -89,8 +80,8 @@ def version_changes(ledgers: Mapping[CellKey, Summary]) -> list[str]:
     for (device, scenario, ws, variant), versions in by_cell.items():
         ordered = sorted(versions, key=release)
         for old, new in zip(ordered, ordered[1:]):
-            for what, detail in _changes(versions[old], versions[new]):
-                cells = groups.setdefault((what, new, old), {})
+            for key, what, detail in _changes(versions[old], versions[new]):
+                cells = groups.setdefault((f"{key} {what}", new, old), {})
                 cells.setdefault((device, scenario, ws, detail), []).append(variant)
     out = []
     for (what, new, old), cells in sorted(groups.items(), key=lambda g: (release(g[0][1]), g[0][0])):
@@ -101,24 +92,25 @@ def version_changes(ledgers: Mapping[CellKey, Summary]) -> list[str]:
     return out
 
 
-def _changes(before: Summary, after: Summary) -> list[tuple[str, str]]:
-    """(what changed, this cell's numbers) per kind and phase: ``("all_gather forward gone",
-    "was 4× bfloat16")``, ``("reduce_scatter backward dtype bfloat16 → float32", "bytes 400 → 800")``,
-    ``("all_gather backward count", "4 → 7, bytes 400 → 700")``."""
+def _changes(before: Summary, after: Summary) -> list[tuple[str, str, str]]:
+    """(kind and phase, what changed, this cell's numbers) per kind and phase that changed:
+    ``("all_gather forward", "gone", "was 4× bfloat16")``, ``("reduce_scatter backward",
+    "dtype bfloat16 → float32", "bytes 400 → 800")``, ``("all_gather backward", "count and
+    bytes", "count 4 → 7, bytes 400 → 700")``."""
     out = []
     for key in sorted(set(before) | set(after)):
         was, now = before.get(key), after.get(key)
         if was is None:
-            out.append((f"{key} new", f"{now.count}× {'/'.join(now.dtypes)}"))  # type: ignore[union-attr]
+            out.append((key, "new", f"{now.count}× {'/'.join(now.dtypes)}"))  # type: ignore[union-attr]
         elif now is None:
-            out.append((f"{key} gone", f"was {was.count}× {'/'.join(was.dtypes)}"))
+            out.append((key, "gone", f"was {was.count}× {'/'.join(was.dtypes)}"))
         else:
             numbers = [f"{label} {a} → {b}" for label, a, b in (("count", was.count, now.count),
                                                                 ("bytes", was.bytes, now.bytes)) if a != b]
             if was.dtypes != now.dtypes:
-                out.append((f"{key} dtype {'/'.join(was.dtypes)} → {'/'.join(now.dtypes)}", ", ".join(numbers)))
+                out.append((key, f"dtype {'/'.join(was.dtypes)} → {'/'.join(now.dtypes)}", ", ".join(numbers)))
             elif numbers:
-                out.append((f"{key} {' and '.join(n.split()[0] for n in numbers)}", ", ".join(numbers)))
+                out.append((key, " and ".join(n.split()[0] for n in numbers), ", ".join(numbers)))
     return out
 
 
