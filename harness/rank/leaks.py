@@ -238,10 +238,7 @@ class CellState:
         left = [*self._end_children()]
         if not put_back:
             return [*self.state.changes(), *self.registries.changes(), *left]
-        changed = self.registries.changes()
-        self.registries.restore()
-        stayed = set(self.registries.changes())
-        return [*self.state.restore(), *(f"{c} (not undone)" if c in stayed else c for c in changed), *left]
+        return [*self.state.restore(), *self.registries.settle(put_back=True), *left]
 
     def _end_children(self) -> list[str]:
         """The child processes started during the cell that still run: ended (SIGKILL, reaped)."""
