@@ -44,10 +44,11 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from harness.launch.launcher import LaunchOptions, run_cells  # noqa: E402
-from harness.launch.pipeline import RunRequest, run  # noqa: E402
+from harness.launch.pipeline import run  # noqa: E402
 from harness.plan.cells import plan_cells  # noqa: E402
 from harness.rank.phases import format_table, load_totals, record_sum  # noqa: E402
 from harness.results.record import Record  # noqa: E402
+from harness.runconfig import RunConfig  # noqa: E402
 from harness.scenario.load import load_scenarios  # noqa: E402
 
 print = functools.partial(print, flush=True)  # noqa: A001 (figures show as they are measured)
@@ -58,7 +59,7 @@ BARE = ROOT / "bench" / "bare_start.py"
 
 
 def _timed_suite(folder: Path, name: str, scenarios: list[str], per: str) -> tuple[float, list[Record]]:
-    req = RunRequest(scenarios=scenarios, run_id=name, out=folder / f"{name}.jsonl", per=per)
+    req = RunConfig(scenarios=scenarios, run_id=name, out=folder / f"{name}.jsonl", per=per)
     t0 = time.perf_counter()
     result = run(req)
     return time.perf_counter() - t0, result.records
@@ -78,7 +79,7 @@ def part_ab(folder: Path, repeat: int) -> None:
         c.index = i
 
     def timed(name: str, batches: list[list]) -> tuple[float, list[Record]]:
-        opts = LaunchOptions(run_id=name, out_path=folder / f"{name}.jsonl", log_dir=folder / f"{name}.logs")
+        opts = LaunchOptions(config=RunConfig(run_id=name, out=folder / f"{name}.jsonl"))
         t0 = time.perf_counter()
         records = [r for batch in batches for r in run_cells(batch, opts).records]
         return time.perf_counter() - t0, records
@@ -209,7 +210,7 @@ def breakdown(runs: dict[str, list[SuiteRun]]) -> str:
 
 def part_f(folder: Path) -> None:
     def timed(name: str, scenarios: list[str]) -> tuple[float, list[Record]]:
-        req = RunRequest(scenarios=scenarios, run_id=name, out=folder / f"{name}.jsonl", variants=["vanilla"],
+        req = RunConfig(scenarios=scenarios, run_id=name, out=folder / f"{name}.jsonl", variants=["vanilla"],
                          scenario_dirs=[str(FAULTS)])
         t0 = time.perf_counter()
         records = run(req).records

@@ -10,17 +10,16 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import signal
 import sys
 from functools import partial
 from pathlib import Path
 
 from harness import console
-from harness.options import parse_mapping, positive, seconds
 from harness.results.record import RecordError
+from harness.runconfig import add_arguments, from_namespace, positive
 from harness.undertest.locations import caller_folder_importable
-from harness.vocabulary import DEFAULT_MODULE, FAULT_NAMES, ISOLATIONS, VARIANTS
+from harness.vocabulary import VARIANTS
 
 __all__ = ["main"]
 
@@ -48,20 +47,14 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"error: {self.prog.split()[-1]}: {message}\n")
 
 
-def _scenario_options() -> argparse.ArgumentParser:
-    (p := _Parser(add_help=False)).add_argument("--scenarios-dir", action="append", default=[],
-                                                help="extra folder of scenario files")
-    return p
+#: what ``list``, ``run`` and ``repro`` share: the extra scenario folders
+_SCENARIO_OPTIONS = ("scenario_dirs",)
+#: what ``run`` and ``repro`` share: the patches module under test and the cell timeout
+_CELL_OPTIONS = ("patches", "patch_mapping", "timeout_s")
 
 
-def _cell_options() -> argparse.ArgumentParser:
-    """What ``run`` and ``repro`` share: the patches module under test and the cell timeout."""
-    p = _Parser(add_help=False)
-    p.add_argument("--patches", default=DEFAULT_MODULE, help="patches module under test: dotted name or .py path")
-    p.add_argument("--patch-map", action="append", default=[], metavar="NAME=FUNC",
-                   help="map a patch name to a function of the module")
-    p.add_argument("--timeout", type=seconds, default=None,
-                   help="per-cell timeout in seconds for scenarios that set none (default 30)")
+def _options(names: tuple[str, ...]) -> argparse.ArgumentParser:
+    add_arguments(p := _Parser(add_help=False), only=names)
     return p
 
 
@@ -69,47 +62,17 @@ def _parser() -> argparse.ArgumentParser:
     prog = "fsdp-compat" if Path(sys.argv[0]).name == "fsdp-compat" else "python -m harness"
     p = _Parser(prog=prog, description="FSDP2 patch compatibility harness")
     sub = p.add_subparsers(dest="command", required=True)
-    scen, cell = _scenario_options(), _cell_options()
+    scen, cell = _options(_SCENARIO_OPTIONS), _options(_CELL_OPTIONS)
 
     sub.add_parser("list", parents=[scen], help="list the scenarios").set_defaults(func=_cmd_list)
     sub.add_parser("bugs", help="print the bug legend (Markdown)").set_defaults(func=_cmd_bugs)
 
-    run = sub.add_parser("run", parents=[scen, cell], help="run scenario cells under torchrun and judge them")
-    run.add_argument("--scenario", action="append", default=[], help="scenario name (repeatable; default: all)")
-    run.add_argument("--world-size", action="append", type=positive, default=[], help="world size (repeatable)")
-    run.add_argument("--device", action="append", default=[], help="cpu or cuda (repeatable; default cpu)")
-    run.add_argument("--variant", action="append", default=[], choices=VARIANTS,
-                     help="vanilla, patched (the scenario's patches), deployed (every patch of the module) or api "
-                          "(the public API where torch has one); repeatable; default all")
-    run.add_argument("--out", default=None, help="records file (JSON lines, appended); default runs/<run id>.jsonl")
-    run.add_argument("--isolate", choices=ISOLATIONS, default=ISOLATIONS[0],
-                     help="cells share their rank's process and every change to torch is put back after each "
-                          "(snapshot, the default); every CPU cell in a process forked from a pristine copy of its "
-                          "rank (fork: C++ state too, slower); or like snapshot with a launch per patch set (process)")
-    run.add_argument("--launch-per", choices=["device", "world-size"], default="device",
-                     help="one launch per device, smaller world sizes on slots of its ranks (default), "
-                          "or one launch per device and world size")
-    run.add_argument("--shuffle", type=int, default=None, metavar="SEED",
-                     help="run the cells in a random order from SEED (the same seed, the same order; recorded as "
-                          "order_seed): an outcome that changes with the order depends on an earlier cell")
-    run.add_argument("--init", choices=["full", "meta"], default="full",
-                     help="meta: build every model on the meta device, shard, to_empty, reset_parameters (with "
-                          "meta_init_full_rng); a model that cannot be built so is skipped with the reason")
-    run.add_argument("--fault", action="append", default=[], choices=[*FAULT_NAMES, "all"],
-                     help="inject a fault on the FSDP2 side of every cell documented to pass (repeatable; all: each "
-                          "in turn): each must become a mismatch naming every parameter it changed")
-    run.add_argument("--dump", default=None, help="save each judged cell's observed tensors in this folder")
-    run.add_argument("--expect-torch", default=None, metavar="X.Y.Z",
-                     help="stop (exit 2) unless the installed torch is this release")
+    run = sub.add_parser("run", help="run scenario cells under torchrun and judge them")
+    add_arguments(run)  # every run option (``harness.runconfig.RunConfig``)
     run.add_argument("--quiet", action="store_true", help="no progress lines")
     run.add_argument("--allow-missing", action="store_true",
                      help="a local run: cells skipped for lack of a package or GPUs do not make the exit code 1 "
                           "(they stay not as documented in the records)")
-    node = run.add_argument_group("multi-node (passed to torchrun; run the same command on every node)")
-    node.add_argument("--nnodes", type=int, default=1)
-    node.add_argument("--node-rank", type=int, default=0)
-    node.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT")
-    node.add_argument("--run-id", default=None, help="the same on every node (default: a timestamp)")
     run.set_defaults(func=_cmd_run)
 
     rp = sub.add_parser("repro", parents=[scen, cell], help="reproduce one cell here; --export writes a standalone script")
@@ -162,7 +125,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
     from harness.scenario.load import load_scenarios
 
     rows = [(s.name, ",".join(map(str, s.world_sizes)), ",".join(s.devices), ",".join(s.patches) or "-", s.summary)
-            for s in load_scenarios(args.scenarios_dir).scenarios.values()]
+            for s in load_scenarios(args.scenario_dirs or []).scenarios.values()]
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     for name, sizes, devices, patches, summary in rows:
         print(f"{name:<{widths[0]}}  w={sizes:<{widths[1]}}  {devices:<{widths[2]}}  {summary}\n"
@@ -171,27 +134,13 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from harness.launch.pipeline import RunRequest, run
+    from harness.launch.pipeline import run
 
-    if args.nnodes < 1 or not 0 <= args.node_rank < args.nnodes:
-        raise ValueError(f"--node-rank must be in [0, {args.nnodes}) with --nnodes {args.nnodes}")
-    if args.nnodes > 1 and (not args.rdzv_endpoint or not args.run_id):
-        raise ValueError("multi-node runs need --rdzv-endpoint HOST:PORT and the same --run-id on every node")
-    run_id = args.run_id or datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    req = RunRequest(
-        scenarios=args.scenario, world_sizes=args.world_size, devices=args.device or ["cpu"],
-        variants=args.variant or list(VARIANTS), patches=args.patches,
-        patch_mapping=parse_mapping(args.patch_map), timeout_s=args.timeout, scenario_dirs=args.scenarios_dir,
-        isolate=args.isolate, per=args.launch_per, dump=Path(args.dump) if args.dump else None,
-        expect_torch=args.expect_torch, shuffle=args.shuffle, init=args.init,
-        faults=list(FAULT_NAMES) if "all" in args.fault else list(dict.fromkeys(args.fault)),
-        run_id=run_id, out=Path(args.out) if args.out else Path("runs") / f"{run_id}.jsonl",
-        nnodes=args.nnodes, node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint,
-    )
+    config = from_namespace(args)
     progress = None if args.quiet else console.Progress()
     try:
         with _interruptible():  # while cells run, the launcher handles the signals itself
-            result = run(req, on_start=None if args.quiet else partial(console.say_start, shuffle=args.shuffle),
+            result = run(config, on_start=None if args.quiet else partial(console.say_start, shuffle=args.shuffle),
                          on_record=progress,
                          on_load_error=lambda e: print(f"error: {e} (the scenario is recorded as an error and "
                                                        f"skipped)", file=sys.stderr, flush=True),
@@ -221,13 +170,12 @@ def _cmd_repro(args: argparse.Namespace) -> int:
     from harness.repro.local import ReproRequest, format_report, launch_hint, repro
 
     req = ReproRequest(scenario=args.scenario, world_size=args.world_size, variant=args.variant, device=args.device,
-                       patches=args.patches, patch_mapping=parse_mapping(args.patch_map), timeout_s=args.timeout,
-                       scenario_dirs=args.scenarios_dir, export=Path(args.export) if args.export else None,
-                       out=Path(args.out) if args.out else None)
+                       config=from_namespace(args), export=Path(args.export) if args.export else None,
+                       keep=args.out is not None)
     rec = repro(req)
     if req.export is not None:
         print(f"wrote {req.export} (needs only torch): {launch_hint(req.export, rec.world_size)}")
-    print(format_report(rec, rerun=console.rerun_command(args, rec.world_size)))
+    print(format_report(rec, rerun=console.rerun_command(req, rec.world_size)))
     return 0 if rec.as_expected else EXIT_UNEXPECTED
 
 

@@ -54,14 +54,15 @@ def print_summary(records: list[Record], *, shuffle: int | None = None) -> None:
     print(f"\n{len(records)} cells: {summary}; {sum(not r.as_expected for r in records)} not as expected", flush=True)
 
 
-def rerun_command(args: Any, world: int) -> str:
-    """The command that reproduces a ``repro`` cell (its parsed arguments) at ``world`` ranks."""
-    parts = [sys.executable, "-m", "harness", "repro", args.scenario, "--world-size", str(world),
-             "--variant", args.variant, "--device", args.device]
-    if args.variant != "vanilla" or args.patches != DEFAULT_MODULE:
-        parts += ["--patches", args.patches]
-    for item in args.patch_map:
-        parts += ["--patch-map", item]
-    for d in args.scenarios_dir:
+def rerun_command(req: Any, world: int) -> str:
+    """The command that reproduces a ``repro`` cell (its ``ReproRequest``) at ``world`` ranks."""
+    config = req.config
+    parts = [sys.executable, "-m", "harness", "repro", req.scenario, "--world-size", str(world),
+             "--variant", req.variant, "--device", req.device]
+    if req.variant != "vanilla" or config.patches != DEFAULT_MODULE:
+        parts += ["--patches", config.patches]
+    for name, func in config.patch_mapping.items():
+        parts += ["--patch-map", f"{name}={func}"]
+    for d in config.scenario_dirs:
         parts += ["--scenarios-dir", d]
     return " ".join(shlex.quote(p) for p in parts)

@@ -27,6 +27,7 @@ from typing import Any
 from harness.plan.cells import Cell
 from harness.plan.placement import Stage
 from harness.results.record import append_line
+from harness.runconfig import RunConfig
 
 __all__ = [
     "IDLE",
@@ -56,29 +57,21 @@ __all__ = [
 class LaunchPlan:
     """What one torchrun launch runs; written as JSON for the workers."""
 
+    #: the run's configuration (``harness.runconfig``), its folders resolved: every rank reads its options here
+    config: RunConfig
     run_id: str
     launch_id: str
     device: str
     world_size: int
-    patches_module: str
-    patch_mapping: dict[str, str]
     #: how records name the module under test (``harness.undertest.source.PatchSource.describe``)
     patches_module_id: str
     #: the records file every judging rank appends to
     out_path: str
     #: the launch folder: the plan, log, progress, phase and crash files
     folder: str
-    scenario_dirs: list[str] = field(default_factory=list)
-    dump_dir: str | None = None
     cells: list[Cell] = field(default_factory=list)
     #: the order and slots the cells run in (``harness.plan.placement``)
     stages: list[Stage] = field(default_factory=list)
-    #: the seed of the shuffled order (``run --shuffle``); None: the planned order
-    shuffle: int | None = None
-    #: how cells are kept apart (``harness.plan.placement``): "snapshot" (cells share the worker,
-    #: what each changed put back), "fork" (every CPU cell in a process of its own) or "process"
-    #: (like "snapshot", a launch per patch set)
-    isolate: str = "snapshot"
 
     def cell(self, index: int) -> Cell:
         return next(c for c in self.cells if c.index == index)
@@ -129,7 +122,8 @@ class LaunchPlan:
 
     def dump(self) -> Path:
         Path(self.folder).mkdir(parents=True, exist_ok=True)
-        self.plan_file.write_text(json.dumps(asdict(self), indent=1))
+        data = {**asdict(self), "config": self.config.to_json()}
+        self.plan_file.write_text(json.dumps(data, indent=1))
         self.progress_file.write_text("")
         return self.plan_file
 
@@ -138,6 +132,7 @@ class LaunchPlan:
         data = json.loads(Path(path).read_text())
         data["cells"] = [Cell.from_dict(c) for c in data["cells"]]
         data["stages"] = [Stage(**s) for s in data["stages"]]
+        data["config"] = RunConfig.from_json(data["config"])
         return cls(**data)
 
 

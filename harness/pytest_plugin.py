@@ -23,25 +23,15 @@ from typing import Any
 
 import pytest
 
-from harness.vocabulary import DEFAULT_MODULE, DEVICES, VARIANTS
-
 __all__ = ["CellItem"]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
+    from harness.runconfig import add_pytest_options
+
     group = parser.getgroup("fsdp-compat", "FSDP2 patch compatibility cells")
     group.addoption("--fsdp-compat", action="store_true", help="collect the harness's cells (and nothing else)")
-    group.addoption("--fsdp-compat-patches", default=DEFAULT_MODULE, metavar="MODULE",
-                    help="patches module under test: dotted name or .py path")
-    group.addoption("--fsdp-compat-patch-map", action="append", default=[], metavar="NAME=FUNC")
-    group.addoption("--fsdp-compat-scenario", action="append", default=[], metavar="NAME",
-                    help="only these scenarios (default: all; -k filters the cells further)")
-    group.addoption("--fsdp-compat-device", action="append", default=[], choices=DEVICES)
-    group.addoption("--fsdp-compat-world-size", action="append", type=int, default=[])
-    group.addoption("--fsdp-compat-variant", action="append", default=[], choices=VARIANTS)
-    group.addoption("--fsdp-compat-timeout", type=float, default=None, metavar="SECONDS")
-    group.addoption("--fsdp-compat-scenarios-dir", action="append", default=[])
-    group.addoption("--fsdp-compat-out", default=None, metavar="FILE", help="records file (default runs/pytest-*.jsonl)")
+    add_pytest_options(group)  # every run option the plugin offers (``harness.runconfig.RunConfig``)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -67,23 +57,15 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list) -> None:
     if not config.getoption("fsdp_compat"):
         return
-    from harness.options import parse_mapping
-    from harness.plan.cells import all_patch_names, plan_cells
-    from harness.scenario.load import load_scenarios, select
-    from harness.undertest.source import check_patch_names, deployed_patches, locate
+    from harness.launch.pipeline import plan
+    from harness.runconfig import from_pytest
 
-    opt = config.getoption
-    library = load_scenarios(opt("fsdp_compat_scenarios_dir"))
-    source = locate(opt("fsdp_compat_patches"))
-    mapping = parse_mapping(opt("fsdp_compat_patch_map"))
-    everything = list(library.scenarios.values())
-    scenarios = select(library.scenarios, opt("fsdp_compat_scenario"))
-    check_patch_names({s.name: s.patches for s in scenarios}, [source], mapping)
-    cells = plan_cells(scenarios, world_sizes=opt("fsdp_compat_world_size") or None,
-                       devices=opt("fsdp_compat_device") or ["cpu"], variants=opt("fsdp_compat_variant") or list(VARIANTS),
-                       explicit_scenarios=False, timeout_s=opt("fsdp_compat_timeout"),
-                       deployed_patches=deployed_patches(all_patch_names(everything), source, mapping))
-    batch = _Batch(config=config, source=source, mapping=mapping)
+    try:
+        planned = plan(from_pytest(config))  # the same planning step as ``harness run``
+    except ValueError as e:
+        raise pytest.UsageError(f"fsdp-compat: {e}") from None
+    cells = planned.cells
+    batch = _Batch(config=config, planned=planned)
     # the controller schedules by the node id's "@group" suffix (--dist loadgroup, set in
     # pytest_configure); the suffix goes into the item's name, since pytest >= 9.2 no longer
     # lets a plugin (or xdist's own xdist_group marker) rewrite a node id after collection
@@ -96,7 +78,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
             item.add_marker(pytest.mark.xfail(strict=True, raises=DocumentedFailure,
                                               reason=cell.why or f"documented: {'|'.join(cell.expected)}"))
         items.append(item)
-    for error in library.errors:
+    for error in planned.broken:
         items.append(LoadErrorItem.from_parent(session, name=f"{error.name}[load]", error=str(error)))
 
 
@@ -111,8 +93,8 @@ class UnexpectedOutcome(Exception):
 class _Batch:
     """Runs the cells of a (device, world size) group, once, in one launch, on the worker that holds the group."""
 
-    def __init__(self, *, config: pytest.Config, source: Any, mapping: dict[str, str]) -> None:
-        self.config, self.source, self.mapping = config, source, mapping
+    def __init__(self, *, config: pytest.Config, planned: Any) -> None:
+        self.config, self.planned = config, planned
         self.records: dict[int, Any] = {}
         self.done: set[tuple[str, int]] = set()
 
@@ -131,15 +113,14 @@ class _Batch:
         from harness.launch.launcher import LaunchOptions, run_cells
 
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-        out = self.config.getoption("fsdp_compat_out")
+        run = self.planned.config
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-        out_path = Path(out).with_name(f"{Path(out).stem}-{worker}.jsonl") if out and worker != "main" else \
-            Path(out or f"runs/pytest-{stamp}-{worker}.jsonl")
-        opts = LaunchOptions(run_id=f"pytest-{stamp}-{worker}", out_path=out_path,
-                             log_dir=out_path.parent / f"{out_path.stem}.logs",
-                             patches_module=self.config.getoption("fsdp_compat_patches"),
-                             patches_module_id=self.source.describe(), patch_mapping=self.mapping,
-                             scenario_dirs=self.config.getoption("fsdp_compat_scenarios_dir"), per="world-size")
+        given = self.config.getoption("fsdp_compat_out")
+        out_path = Path(given).with_name(f"{Path(given).stem}-{worker}.jsonl") if given and worker != "main" else \
+            Path(given or f"runs/pytest-{stamp}-{worker}.jsonl")
+        # one launch per (device, world size) group: the group a pytest-xdist worker holds
+        opts = LaunchOptions(config=run.with_(run_id=f"pytest-{stamp}-{worker}", out=out_path, per="world-size"),
+                             patches_module_id=self.planned.module_id)
         result = run_cells(cells, opts)
         if result.signal is not None:
             raise KeyboardInterrupt

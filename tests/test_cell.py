@@ -17,6 +17,7 @@ from harness.rank import peers
 from harness.rank.cell import CellRun
 from harness.rank.watchdog import Watchdog
 from harness.results.reading import load_records
+from harness.runconfig import RunConfig
 from harness.spec import Scenario
 from scenarios._models import MLP, randn_batch
 from tests.support import ROOT
@@ -52,8 +53,8 @@ def make_run(tmp_path, monkeypatch):
     made = []
 
     def make(global_rank=0, **plan_kw):
-        plan = LaunchPlan(**(dict(run_id="r1", launch_id="L3", device="cpu", world_size=4, patches_module="fsdp_patches",
-                                  patch_mapping={}, patches_module_id="fsdp_patches@x", out_path=str(tmp_path / "out.jsonl"),
+        plan = LaunchPlan(**(dict(run_id="r1", launch_id="L3", device="cpu", world_size=4, config=RunConfig(patches="fsdp_patches", patch_mapping={}),
+                                   patches_module_id="fsdp_patches@x", out_path=str(tmp_path / "out.jsonl"),
                                   folder=str(tmp_path / "launch")) | plan_kw))
         plan.dump()
         wd = Watchdog(plan.stamp_file(global_rank), on_expire=lambda: None)
@@ -157,7 +158,7 @@ def test_a_rank_other_than_the_judge_waits_for_the_record(make_run):
 
 def test_a_patches_module_that_cannot_load_is_an_install_error(make_run, tmp_path, monkeypatch):
     monkeypatch.setattr(cell_mod, "PatchUndo", NoUndo)
-    run = make_run(patches_module=str(tmp_path / "absent_patches.py"))
+    run = make_run(config=RunConfig(patches=str(tmp_path / "absent_patches.py")))
     cell = _cell(7, world_size=1, mesh=(1,), variant="patched", patches=("p1",), scenario_patches=("p1",))
     assert run.run_cell(cell, slot_rank0=0, rank=0) is True
     [rec] = _records(run)
@@ -169,7 +170,7 @@ def test_a_patches_module_that_exits_at_import_is_named_not_recorded_as_0(make_r
     monkeypatch.setattr(cell_mod, "PatchUndo", NoUndo)
     quits = tmp_path / "quits_patches.py"
     quits.write_text("import sys\n\nsys.exit(0)\n")
-    run = make_run(patches_module=str(quits))
+    run = make_run(config=RunConfig(patches=str(quits)))
     cell = _cell(7, world_size=1, mesh=(1,), variant="patched", patches=("p1",), scenario_patches=("p1",))
     assert run.run_cell(cell, slot_rank0=0, rank=0) is True
     [rec] = _records(run)
@@ -179,7 +180,7 @@ def test_a_patches_module_that_exits_at_import_is_named_not_recorded_as_0(make_r
 
 def test_a_patch_set_whose_import_hangs_is_recorded_and_not_retried(make_run, monkeypatch):
     monkeypatch.setattr(cell_mod, "PatchUndo", NoUndo)
-    run = make_run(patches_module=str(ROOT / "tests" / "fixtures" / "sleepy_import_patches.py"))
+    run = make_run(config=RunConfig(patches=str(ROOT / "tests" / "fixtures" / "sleepy_import_patches.py")))
     first = _cell(8, world_size=1, mesh=(1,), variant="patched", timeout_s=0.3, patches=("p1",), scenario_patches=("p1",))
     t = time.time()
     assert run.run_cell(first, slot_rank0=0, rank=0) is True

@@ -26,6 +26,7 @@ from harness.protocol import CellKeys, LaunchPlan, write_phase
 from harness.rank import forked, peers
 from harness.rank.forked import Zygote
 from harness.rank.leaks import TorchAttributes
+from harness.runconfig import RunConfig
 
 WHAT = "[enforce fail at gloo/transport/tcp/pair.cc:446] op.preamble.length <= op.nbytes. 8 vs 4"
 
@@ -123,7 +124,7 @@ def _cell(index, timeout_s=30.0):
 @pytest.fixture
 def zygote(tmp_path, monkeypatch):
     """A zygote (forked first, as the worker does) and a store the cells' processes reach."""
-    plan = LaunchPlan(run_id="r", launch_id="L", device="cpu", world_size=4, patches_module="m", patch_mapping={},
+    plan = LaunchPlan(run_id="r", launch_id="L", device="cpu", world_size=4, config=RunConfig(patches="m", patch_mapping={}),
                       patches_module_id="m", out_path=str(tmp_path / "out.jsonl"), folder=str(tmp_path / "launch"),
                       cells=[_cell(i) for i in BEHAVIOUR])
     plan.dump()

@@ -11,6 +11,7 @@ from harness.rank.cell import CellRun
 from harness.rank.groups import CellGroups, ProbeCache, keep_group
 from harness.rank.peers import RankOutcome
 from harness.rank.watchdog import Watchdog
+from harness.runconfig import RunConfig
 
 CELL = SimpleNamespace(backend="gloo", world_size=1, timeout_s=30)
 
@@ -100,7 +101,7 @@ def test_a_change_of_patch_set_releases_the_group_before_its_snapshot_and_undo(g
     and destroying that one would unregister it ("Could not resolve the process group
     registered under the name 0", measured before the fix)."""
     g, store = groups
-    run = CellRun(plan=SimpleNamespace(patches_module="fsdp_patches", patch_mapping={}), store=None,
+    run = CellRun(plan=SimpleNamespace(config=RunConfig(patches="fsdp_patches", patch_mapping={})), store=None,
                   watchdog=Watchdog(None, on_expire=lambda: None), scenarios={}, groups=g)
     run._activate(("uniform_reduce_dtype",))  # snapshot taken with no group
     _healthy_cell(g, store())
@@ -158,8 +159,8 @@ def test_a_launch_probes_again_after_a_failed_cell_and_not_after_a_healthy_one(t
     cells.sort(key=lambda c: names.index(c.scenario))
     for i, c in enumerate(cells):  # the slot runs them in this order
         c.index = i
-    opts = LaunchOptions(run_id="t", out_path=tmp_path / "r.jsonl", log_dir=tmp_path / "logs",
-                         scenario_dirs=[str(FIXTURE_SCENARIOS)])
+    opts = LaunchOptions(config=RunConfig(run_id="t", out=tmp_path / "r.jsonl", scenario_dirs=[str(FIXTURE_SCENARIOS)]),
+                         log_dir=tmp_path / "logs")
     records = run_cells(cells, opts).records
     assert [(r.scenario, r.status) for r in records] == list(zip(names, ["error", "pass", "mismatch"]))
     assert len({r.launch_id for r in records}) == 1

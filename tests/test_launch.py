@@ -13,6 +13,7 @@ import pytest
 
 from harness.launch.launcher import LaunchOptions, run_cells
 from harness.plan.cells import plan_cells
+from harness.runconfig import RunConfig
 from harness.scenario.load import load_scenarios
 from tests.support import FIXTURE_SCENARIOS, ROOT
 
@@ -32,8 +33,8 @@ def _descendants_of_launches(tmp_path) -> list[str]:
 
 def test_faults_are_classified_within_their_timeout_and_later_cells_run(tmp_path):
     cells = _cells(["fault_hang", "fault_hang_rank1", "fault_abort", "fault_raise", "fault_after"])
-    opts = LaunchOptions(run_id="t", out_path=tmp_path / "r.jsonl", log_dir=tmp_path / "logs",
-                         scenario_dirs=[str(FIXTURE_SCENARIOS)])
+    opts = LaunchOptions(config=RunConfig(run_id="t", out=tmp_path / "r.jsonl", scenario_dirs=[str(FIXTURE_SCENARIOS)]),
+                         log_dir=tmp_path / "logs")
     t0 = time.time()
     result = run_cells(cells, opts)
     wall = time.time() - t0
@@ -64,8 +65,8 @@ def test_faults_are_classified_within_their_timeout_and_later_cells_run(tmp_path
 
 def test_non_finite_reference_means_a_wrong_scenario_and_fsdp_only_nan_a_mismatch(tmp_path):
     cells = _cells(["fault_nan_reference", "fault_nan_fsdp"])
-    result = run_cells(cells, LaunchOptions(run_id="t", out_path=tmp_path / "r.jsonl", log_dir=tmp_path / "l",
-                                            scenario_dirs=[str(FIXTURE_SCENARIOS)]))
+    result = run_cells(cells, LaunchOptions(config=RunConfig(run_id="t", out=tmp_path / "r.jsonl", scenario_dirs=[str(FIXTURE_SCENARIOS)]),
+                         log_dir=tmp_path / "l"))
     by = {r.scenario: r for r in result.records}
     ref = by["fault_nan_reference"]
     assert (ref.status, ref.exc_type) == ("error", "ScenarioError") and "the scenario is wrong" in ref.exc_msg
@@ -204,8 +205,8 @@ def test_cells_that_may_abort_run_after_backward_on_a_cuda_build_of_torch(tmp_pa
 
 def test_a_scenario_whose_package_is_missing_is_skipped_with_the_reason_and_not_as_documented(tmp_path):
     cells = _cells(["fault_missing_package", "fault_after"])
-    opts = LaunchOptions(run_id="t", out_path=tmp_path / "r.jsonl", log_dir=tmp_path / "logs",
-                         scenario_dirs=[str(FIXTURE_SCENARIOS)])
+    opts = LaunchOptions(config=RunConfig(run_id="t", out=tmp_path / "r.jsonl", scenario_dirs=[str(FIXTURE_SCENARIOS)]),
+                         log_dir=tmp_path / "logs")
     by = {r.scenario: r for r in run_cells(cells, opts).records}
     skipped = by["fault_missing_package"]
     assert skipped.status == "skip" and not skipped.as_expected  # a skip the scenario does not declare

@@ -29,6 +29,7 @@ from harness.protocol import (
     write_exit,
     write_phase,
 )
+from harness.runconfig import RunConfig
 
 
 def _cell(index, **kw):
@@ -39,9 +40,10 @@ def _cell(index, **kw):
 
 def _plan(tmp_path, launch_id="L7"):
     return LaunchPlan(
-        run_id="run1", launch_id=launch_id, device="cpu", world_size=4, patches_module="fsdp_patches",
-        patch_mapping={"p1": "fix_p1"}, patches_module_id="fsdp_patches@abc", out_path=str(tmp_path / "out.jsonl"),
-        folder=str(tmp_path / "launch"), scenario_dirs=[str(tmp_path / "scen")], dump_dir=str(tmp_path / "dump"),
+        run_id="run1", launch_id=launch_id, device="cpu", world_size=4,
+        config=RunConfig(patches="fsdp_patches", patch_mapping={"p1": "fix_p1"}, scenario_dirs=[str(tmp_path / "scen")],
+                         dump=tmp_path / "dump", shuffle=3, run_id="run1", out=tmp_path / "out.jsonl"),
+        patches_module_id="fsdp_patches@abc", out_path=str(tmp_path / "out.jsonl"), folder=str(tmp_path / "launch"),
         cells=[
             _cell(3, variant="patched", world_size=4, mesh=(2, 2), patches=("p1", "p2"), scenario_patches=("p1",),
                   expected=("error", "hang"), expected_match="boom", fixed_by="p1", api_replaces=("p2",)),
@@ -59,7 +61,8 @@ def test_plan_survives_dump_and_load(tmp_path):
     path = plan.dump()
     assert path == plan.plan_file and path.exists()
     loaded = LaunchPlan.load(path)
-    assert loaded == plan  # tuples, nested cells and stages included
+    assert loaded == plan  # tuples, nested cells and stages, the run configuration included
+    assert loaded.config.dump == tmp_path / "dump" and loaded.config.shuffle == 3
     assert loaded.cells[0].mesh == (2, 2) and loaded.cells[0].expected == ("error", "hang")
     assert loaded.cell(5) is loaded.cells[1] and loaded.cell(3).patches == ("p1", "p2")
     assert loaded.stages[1].cells_of(0) == [5] and loaded.stages[1].cells_of(1) == []
@@ -178,7 +181,7 @@ def test_one_patchs_install_is_an_install_phase_in_words_and_in_order():
 
 
 def test_exit_file_roundtrip(tmp_path):
-    plan = LaunchPlan(run_id="r", launch_id="L", device="cpu", world_size=2, patches_module="m", patch_mapping={},
+    plan = LaunchPlan(run_id="r", launch_id="L", device="cpu", world_size=2, config=RunConfig(patches="m", patch_mapping={}),
                       patches_module_id="m", out_path=str(tmp_path / "o.jsonl"), folder=str(tmp_path))
     path = plan.exit_file(1)
     assert path == tmp_path / "L.rank1.exit" and read_exit(path) is None

@@ -20,6 +20,7 @@ def test_cells_become_items_with_the_right_outcomes(tmp_path, workers):
     res = subprocess.run([sys.executable, "-m", "pytest", "-p", "harness.pytest_plugin", "--fsdp-compat",
                           "--fsdp-compat-scenarios-dir", "tests/fixtures/plugin_scenarios", "-k", "plug_",
                           "--fsdp-compat-variant", "vanilla", "--fsdp-compat-out", str(out),
+                          "--fsdp-compat-shuffle", "7",  # every run option reaches the launch (harness.runconfig)
                           f"--junitxml={junit}", "-p", "no:cacheprovider", "-rA", *workers],
                          cwd=ROOT, capture_output=True, text=True, timeout=600)
     tail = res.stdout[-3000:]
@@ -37,6 +38,7 @@ def test_cells_become_items_with_the_right_outcomes(tmp_path, workers):
     files = list(tmp_path.glob("r*.jsonl"))
     records = [json.loads(line) for f in files for line in f.read_text().splitlines()]
     assert len(records) == 5
+    assert {r["order_seed"] for r in records} == {7}
     launches = {(r["launch_id"], r["world_size"]) for r in records}
     assert len({ws for _, ws in launches}) == len(launches)  # one launch per world size, cells batched in it
 

@@ -12,6 +12,7 @@ from harness.plan.cells import Cell
 from harness.plan.placement import Stage
 from harness.protocol import LaunchPlan
 from harness.rank import worker
+from harness.runconfig import RunConfig
 from tests.support import ROOT
 
 
@@ -22,8 +23,8 @@ def _cell(index, **kw):
 
 
 def _plan(cells, stages):
-    return LaunchPlan(run_id="r", launch_id="L1", device="cpu", world_size=4, patches_module="fsdp_patches",
-                      patch_mapping={}, patches_module_id="", out_path="/dev/null", folder="/tmp", cells=cells,
+    return LaunchPlan(run_id="r", launch_id="L1", device="cpu", world_size=4, config=RunConfig(patches="fsdp_patches", patch_mapping={}),
+                       patches_module_id="", out_path="/dev/null", folder="/tmp", cells=cells,
                       stages=stages)
 
 

@@ -39,8 +39,9 @@ from harness.process.crashlog import crash_cause, exit_message, fatal_signal, ta
 from harness.process.gpus import gpu_slice, skip_reason, visible_gpus, worker_slot
 from harness.protocol import IDLE, LaunchPlan, phase_words, read_exit, read_phase
 from harness.results import record
+from harness.runconfig import RunConfig
 from harness.undertest.locations import import_root, worker_spec
-from harness.vocabulary import DEFAULT_MODULE, Failure
+from harness.vocabulary import Failure
 
 __all__ = ["LaunchOptions", "RunResult", "run_cells"]
 
@@ -49,29 +50,15 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 @dataclass(kw_only=True)
 class LaunchOptions:
-    run_id: str
-    out_path: Path
-    log_dir: Path
-    patches_module: str = DEFAULT_MODULE
+    """How the launcher runs the cells of a run configuration: the configuration as it is,
+    and what only the launch needs."""
+
+    config: RunConfig
+    #: how records name the module under test (``harness.undertest.source.PatchSource.describe``)
     patches_module_id: str = ""
-    patch_mapping: dict[str, str] = field(default_factory=dict)
-    scenario_dirs: list[str] = field(default_factory=list)
-    #: save each passing-or-mismatching cell's observed tensors here (``torch.save``)
-    dump_dir: Path | None = None
+    #: the launch folders' parent; None: ``<records file's stem>.logs`` beside the records file
+    log_dir: Path | None = None
     python: str = sys.executable
-    #: multi-node: every node runs this launcher with the same cells and ``run_id``; node 0
-    #: (global rank 0) writes the records. Launches are not repeated across nodes: after a
-    #: hang or crash node 0 records the cells that did not run.
-    nnodes: int = 1
-    node_rank: int = 0
-    rdzv_endpoint: str | None = None
-    #: "device": one launch per device, smaller world sizes on slots of its ranks;
-    #: "world-size": one launch per device and world size (the older plan)
-    per: str = "device"
-    #: how cells are kept apart (``harness.plan.placement``: snapshot, fork, process)
-    isolate: str = "snapshot"
-    #: the seed of a random cell order (``harness.plan.placement.stages``); None: the planned order
-    shuffle: int | None = None
     #: how long past a cell's deadline the launcher waits for the worker's own watchdog
     grace_s: float = 5.0
     #: how long a launch may take to start its first cell (imports, rendezvous)
@@ -80,6 +67,19 @@ class LaunchOptions:
     #: folders the workers import from after the project's and the caller's ``PYTHONPATH``
     #: (``run_cells`` adds the one a dotted patches module was found under)
     python_path: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.log_dir is None:
+            self.log_dir = self.out_path.parent / f"{self.out_path.stem}.logs"
+
+    @property
+    def run_id(self) -> str:
+        assert self.config.run_id is not None  # set by RunConfig
+        return self.config.run_id
+
+    @property
+    def out_path(self) -> Path:
+        return self.config.records_file
 
 
 @dataclass(kw_only=True)
@@ -98,18 +98,18 @@ def run_cells(cells: list[Cell], opts: LaunchOptions) -> RunResult:
     prepare_out(opts.out_path, opts.log_dir)
     # the workers run in the project's folder: a module named from the caller's folder is
     # given to them by absolute path, or found through the folder it was found under
-    opts = replace(opts, patches_module=worker_spec(opts.patches_module, PROJECT_ROOT))
-    root = import_root(opts.patches_module, known=[str(PROJECT_ROOT)])
+    opts = replace(opts, config=opts.config.with_(patches=worker_spec(opts.config.patches, PROJECT_ROOT)))
+    root = import_root(opts.config.patches, known=[str(PROJECT_ROOT)])
     if root is not None and str(root) not in opts.python_path:
         opts.python_path = [*opts.python_path, str(root)]
     result = RunResult()
     with procs.subreaper(), _stop_on_signals(result):
-        for group in group_into_launches(cells, per=opts.per, isolate=opts.isolate):
+        for group in group_into_launches(cells, per=opts.config.per, isolate=opts.config.isolate):
             remaining = _skip_without_gpus(group, opts, result)
             while remaining and result.signal is None:
                 remaining = _launch(remaining, opts, result)
-                if remaining and opts.nnodes > 1:
-                    if opts.node_rank == 0:
+                if remaining and opts.config.nnodes > 1:
+                    if opts.config.node_rank == 0:
                         msg = "not run: the multi-node launch ended before this cell (no relaunch across nodes)"
                         for cell in remaining:
                             _accept(_outside(cell, opts, "error", time.time(), None, exc_msg=msg), result, opts)
@@ -130,11 +130,11 @@ def _stop_on_signals(result: RunResult) -> contextlib.AbstractContextManager[Non
 def _skip_without_gpus(group: list[Cell], opts: LaunchOptions, result: RunResult) -> list[Cell]:
     if group[0].device != "cuda":
         return group
-    world = max(c.world_size for c in group) // opts.nnodes
+    world = max(c.world_size for c in group) // opts.config.nnodes
     gpus = gpu_slice(visible_gpus(), *worker_slot(), world)
     keep = []
     for cell in group:
-        reason = skip_reason("cuda", cell.world_size // opts.nnodes, gpus)
+        reason = skip_reason("cuda", cell.world_size // opts.config.nnodes, gpus)
         if reason is None:
             keep.append(cell)
         else:
@@ -147,16 +147,15 @@ def _launch(cells: list[Cell], opts: LaunchOptions, result: RunResult) -> list[C
     """One torchrun over ``cells``; returns the cells still to run."""
     world = max(c.world_size for c in cells)
     result.launches += 1
-    suffix = "" if opts.nnodes > 1 else f"-{uuid.uuid4().hex[:6]}"  # every node derives the same id
+    suffix = "" if opts.config.nnodes > 1 else f"-{uuid.uuid4().hex[:6]}"  # every node derives the same id
     launch_id = f"{opts.run_id}-L{result.launches}{suffix}"
+    config = opts.config.with_(scenario_dirs=[str(Path(d).resolve()) for d in opts.config.scenario_dirs],
+                               dump=opts.config.dump.resolve() if opts.config.dump else None)
     plan = LaunchPlan(
-        run_id=opts.run_id, launch_id=launch_id, device=cells[0].device, world_size=world,
-        patches_module=opts.patches_module, patches_module_id=opts.patches_module_id,
-        patch_mapping=opts.patch_mapping, out_path=str(opts.out_path.resolve()),
-        folder=str(opts.log_dir.resolve()),
-        scenario_dirs=[str(Path(d).resolve()) for d in opts.scenario_dirs],
-        dump_dir=str(opts.dump_dir.resolve()) if opts.dump_dir else None, cells=cells,
-        stages=stages(cells, world, shuffle=opts.shuffle, isolate=opts.isolate), shuffle=opts.shuffle, isolate=opts.isolate)
+        config=config, run_id=opts.run_id, launch_id=launch_id, device=cells[0].device, world_size=world,
+        patches_module_id=opts.patches_module_id, out_path=str(opts.out_path.resolve()),
+        folder=str(opts.log_dir.resolve()), cells=cells,
+        stages=stages(cells, world, shuffle=config.shuffle, isolate=config.isolate))
     plan_path, log_path = plan.dump(), plan.log_file
     watch = LaunchFollower(progress_path=plan.progress_file, out_path=opts.out_path, launch_id=launch_id)
     children_before = procs.children()
@@ -166,7 +165,7 @@ def _launch(cells: list[Cell], opts: LaunchOptions, result: RunResult) -> list[C
     crashed: tuple[int, str, str] | None = None
     sessions: set[int] = set()  # the workers' sessions, for the sweep at the end
     try:
-        if opts.node_rank != 0:
+        if opts.config.node_rank != 0:
             proc.wait()  # rank 0 (on node 0) judges and records; this node only hosts ranks
             return []
         killed_for, crashed = _follow(proc, plan, log_path, watch, by_index, opts, result, sessions)
@@ -265,18 +264,18 @@ def _follow(proc, plan: LaunchPlan, log_path: Path, watch: LaunchFollower, by_in
 
 
 def _start(plan: LaunchPlan, plan_path: Path, log_path: Path, opts: LaunchOptions, world: int):
-    if opts.nnodes > 1:
-        assert opts.rdzv_endpoint, "multi-node runs need a rendezvous endpoint"
-        rdzv = ["--nnodes", str(opts.nnodes), "--node-rank", str(opts.node_rank), "--rdzv-endpoint", opts.rdzv_endpoint]
+    if opts.config.nnodes > 1:
+        assert opts.config.rdzv_endpoint, "multi-node runs need a rendezvous endpoint"
+        rdzv = ["--nnodes", str(opts.config.nnodes), "--node-rank", str(opts.config.node_rank), "--rdzv-endpoint", opts.config.rdzv_endpoint]
     else:
         rdzv = ["--standalone"]
-    cmd = [opts.python, "-m", "torch.distributed.run", *rdzv, "--nproc-per-node", str(world // opts.nnodes),
+    cmd = [opts.python, "-m", "torch.distributed.run", *rdzv, "--nproc-per-node", str(world // opts.config.nnodes),
            "-m", "harness.rank.worker", "--plan", str(plan_path.resolve())]
     env = {"OMP_NUM_THREADS": "1", **os.environ, "PYTHONUNBUFFERED": "1"}
     env["PYTHONPATH"] = os.pathsep.join([str(PROJECT_ROOT), *filter(None, [env.get("PYTHONPATH")]), *opts.python_path])
     if plan.device == "cuda":  # NVML answers is_available(): a driver initialized before the zygote forks breaks its children
         env.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_slice(visible_gpus(), *worker_slot(), world // opts.nnodes))
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_slice(visible_gpus(), *worker_slot(), world // opts.config.nnodes))
     log_path.write_text("$ " + " ".join(cmd) + "\n")
     return procs.start(cmd, env=env, cwd=PROJECT_ROOT, log=log_path)
 
@@ -292,8 +291,8 @@ def _outside(cell: Cell, opts: LaunchOptions, status: str, t0: float, log_path: 
     """A record written by the launcher for a cell its launch could not finish."""
     if log_path is not None:
         fields.update(log=str(log_path), traceback=tail(log_path, 60))
-    rec = record.new_record(cell, run_id=opts.run_id, launch_id="launcher", patches_module=opts.patches_module,
+    rec = record.new_record(cell, run_id=opts.run_id, launch_id="launcher", patches_module=opts.config.patches,
                             patches_module_id=opts.patches_module_id, t0=t0, status=status,
-                            order_seed=opts.shuffle, **fields)
+                            order_seed=opts.config.shuffle, **fields)
     record.append(opts.out_path, record.finish(rec, t0))
     return rec

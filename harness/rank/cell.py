@@ -7,7 +7,7 @@ backward. The ranks agree on the outcome through the store (``harness.rank.peers
 that failed shuts its collective sockets at once, so a peer blocked in a collective on it
 fails at once instead of at the timeout.
 
-Isolation (``LaunchPlan.isolate``, ``harness.plan.placement``): by default every CPU cell
+Isolation (``RunConfig.isolate``, ``harness.plan.placement``): by default every CPU cell
 runs in a process forked from the rank's zygote (``harness.rank.forked``), so it starts from
 the torch every cell starts from, whatever the cells before it did; it trains, saves what
 FSDP2 produced and posts its outcome, and the worker, which never runs scenario or patch
@@ -93,7 +93,7 @@ class CellRun:
         self.mark = CLOCK.snapshot()
         if rank == 0:
             mark_started(self.plan.progress_file, cell.index, list(range(slot_rank0, slot_rank0 + cell.world_size)))
-        if runs_forked(cell, self.plan.isolate) and self.zygote is not None and cell.patches not in self.hung_sets:
+        if runs_forked(cell, self.plan.config.isolate) and self.zygote is not None and cell.patches not in self.hung_sets:
             with CLOCK.timed("forked cell"):
                 self.groups.release()  # every rank of the slot: the cell's processes make their own
                 return self.zygote.run_cell(self, cell, slot_rank0=slot_rank0, rank=rank, t0=t0)
@@ -196,8 +196,8 @@ class CellRun:
             phases = fold(phases, "forked cell", read_totals(self.plan.phase_times_file(slot_rank0, cell=cell.index)))
         phases = fold(phases, "reference", read_totals(self.plan.phase_times_file(slot_rank0, cell.index, "reference")))
         rec = record.new_record(cell, run_id=self.plan.run_id, launch_id=self.plan.launch_id,
-                                patches_module=self.plan.patches_module,
-                                patches_module_id=self.plan.patches_module_id, t0=t0, order_seed=self.plan.shuffle,
+                                patches_module=self.plan.config.patches,
+                                patches_module_id=self.plan.patches_module_id, t0=t0, order_seed=self.plan.config.shuffle,
                                 patch_install=mine.patch_install, patch_changes=mine.patch_changes,
                                 left_state=list(dict.fromkeys(left)), phases=phases, **fields)
         record.append(self.plan.out_path, record.finish(rec, t0))
@@ -211,8 +211,8 @@ class CellRun:
         path = self.plan.observed_file(cell.index)
         if not mine.observed or not path.exists():
             return dict(status="error", exc_type=Failure.HARNESS_ERROR, exc_msg="the judging rank saved no snapshots")
-        if self.plan.dump_dir:
-            dump(self.plan.dump_dir, cell, path)
+        if self.plan.config.dump:
+            dump(self.plan.config.dump, cell, path)
         with CLOCK.timed("reference"):
             if self.zygote is not None:
                 return self.zygote.reference(self.plan, cell, mine.patch_install, time.time() + cell.timeout_s)
@@ -265,16 +265,16 @@ class CellRun:
         if not self.forked:
             self.set_state = GlobalState.take()
             self.undo = PatchUndo.take()
-            forget_module(self.plan.patches_module)
+            forget_module(self.plan.config.patches)
         try:
             with self.watchdog.user_code("import patches"):
-                module = load_patches_module(self.plan.patches_module)
+                module = load_patches_module(self.plan.config.patches)
         except ValueError as e:
             self.installs = {n: {"status": "error", "reason": str(e)} for n in names}
             return
         with self.watchdog.user_code("install patches"):
-            self.installs, self.utilities = install_set(module, list(names), self.plan.patch_mapping,
-                                                        label=self.plan.patches_module,
+            self.installs, self.utilities = install_set(module, list(names), self.plan.config.patch_mapping,
+                                                        label=self.plan.config.patches,
                                                         on_patch=lambda n: self.watchdog.stamp(install_phase(n)))
         self.patch_changes = self.baseline.changes()
         self.installed = self.baseline.current(self.patch_changes)

@@ -157,7 +157,7 @@ def load_observed(path: str | os.PathLike) -> list[StepTensors]:
     return [StepTensors(**d) for d in torch.load(path, weights_only=False)]
 
 
-def dump(folder: str, cell: Cell, observed_file: str | os.PathLike) -> None:
+def dump(folder: str | os.PathLike, cell: Cell, observed_file: str | os.PathLike) -> None:
     """Keep the observed snapshots (for determinism checks and local reproduction)."""
     os.makedirs(folder, exist_ok=True)
     target = Path(folder) / f"{cell.scenario}-{cell.variant}-{cell.device}-w{cell.world_size}.pt"

@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> None:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     # tells the launcher at once which rank a fatal signal killed
     faulthandler.enable(file=open(plan.crash_file(rank), "w"))  # noqa: SIM115 (kept open for the process)
-    scenarios = load_scenarios(plan.scenario_dirs).scenarios
+    scenarios = load_scenarios(plan.config.scenario_dirs).scenarios
     CLOCK.enter("preload")
     mine = _cells_of(plan, rank)
     _preload(mine)  # before the first cell's deadline runs

@@ -14,9 +14,9 @@ from pathlib import Path
 from harness.launch.launcher import LaunchOptions, run_cells
 from harness.plan.cells import plan_cells
 from harness.results.record import Record
+from harness.runconfig import RunConfig
 from harness.scenario.load import load_scenarios, select
 from harness.scenario.spec import Scenario
-from harness.vocabulary import DEFAULT_MODULE
 
 __all__ = ["ReproRequest", "default_world_size", "format_report", "launch_hint", "repro"]
 
@@ -27,14 +27,12 @@ class ReproRequest:
     world_size: int | None = None
     variant: str = "vanilla"
     device: str = "cpu"
-    patches: str = DEFAULT_MODULE
-    patch_mapping: dict[str, str] = field(default_factory=dict)
-    timeout_s: float | None = None
-    scenario_dirs: list[str] = field(default_factory=list)
+    #: the patches module, its mapping, the timeout and the scenario folders (``RunConfig``'s)
+    config: RunConfig = field(default_factory=RunConfig)
     #: also write a standalone script (needs only torch) here
     export: Path | None = None
-    #: keep the record in this file (JSON lines, appended)
-    out: Path | None = None
+    #: keep the record in ``config.out`` (JSON lines, appended); else in a temporary folder
+    keep: bool = False
 
 
 def default_world_size(scenario: Scenario) -> int:
@@ -44,20 +42,19 @@ def default_world_size(scenario: Scenario) -> int:
 
 def repro(req: ReproRequest) -> Record:
     """Run one cell in the current environment (and export it when asked); its record."""
-    library = load_scenarios(req.scenario_dirs)
+    library = load_scenarios(req.config.scenario_dirs)
     (scenario,) = select(library.scenarios, [req.scenario])
     world = req.world_size or default_world_size(scenario)
     (cell,) = plan_cells([scenario], world_sizes=[world], devices=[req.device], variants=[req.variant],
-                         explicit_scenarios=True, timeout_s=req.timeout_s)
+                         explicit_scenarios=True, timeout_s=req.config.timeout_s)
     if req.export is not None:
         from harness.repro.export import export_script
 
-        export_script(cell, library.modules[scenario.name], req.export, patches_module=req.patches,
-                      patch_mapping=req.patch_mapping)
+        export_script(cell, library.modules[scenario.name], req.export, patches_module=req.config.patches,
+                      patch_mapping=req.config.patch_mapping)
     with tempfile.TemporaryDirectory() as tmp:
-        out = req.out or Path(tmp) / "repro.jsonl"
-        opts = LaunchOptions(run_id="repro", out_path=out, log_dir=Path(tmp) / "logs", patches_module=req.patches,
-                             patch_mapping=req.patch_mapping, scenario_dirs=req.scenario_dirs)
+        out = req.config.records_file if req.keep else Path(tmp) / "repro.jsonl"
+        opts = LaunchOptions(config=req.config.with_(run_id="repro", out=out), log_dir=Path(tmp) / "logs")
         result = run_cells([cell], opts)
     if result.signal is not None:
         raise KeyboardInterrupt
