@@ -159,6 +159,10 @@ class RunConfig:
                                 help="inject a fault on the FSDP2 side of every cell documented to pass (repeatable; "
                                      "all: each in turn): each must become a mismatch naming every parameter it "
                                      "changed")
+    #: pin each rank to a core where a launch has more ranks than cores (``harness.process.cpus``)
+    pin_ranks: bool = _option(True, flag="--no-pin", switch=True, convert=lambda given: not given,
+                              help="leave the ranks to the scheduler (default: each rank pinned to a core where a "
+                                   "launch has more ranks than the machine has cores)")
     #: keep each judged cell's observed tensors in this folder
     dump: Path | None = _option(None, flag="--dump", convert=Path, metavar="DIR",
                                 help="save each judged cell's observed tensors in this folder")

@@ -1,6 +1,7 @@
 """The per-rank program (``harness.rank.worker``): which cells are this rank's, and that it
 preloads and imports only what they need."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -22,10 +23,9 @@ def _cell(index, **kw):
     return Cell(**(base | kw))
 
 
-def _plan(cells, stages):
-    return LaunchPlan(run_id="r", launch_id="L1", device="cpu", world_size=4, config=RunConfig(patches="fsdp_patches", patch_mapping={}),
-                       patches_module_id="", out_path="/dev/null", folder="/tmp", cells=cells,
-                      stages=stages)
+def _plan(cells, stages, config=None):
+    return LaunchPlan(run_id="r", launch_id="L1", device="cpu", world_size=4, config=config or RunConfig(),
+                      patches_module_id="", out_path="/dev/null", folder="/tmp", cells=cells, stages=stages)
 
 
 def test_a_rank_runs_its_slots_cells_in_every_stage():
@@ -34,6 +34,21 @@ def test_a_rank_runs_its_slots_cells_in_every_stage():
     plan = _plan(cells, [Stage(world_size=4, slots=[[0]]), Stage(world_size=2, slots=[[1], [2]]),
                          Stage(world_size=1, slots=[[3], [], [4, 5]])])
     assert [[c.index for c in worker._cells_of(plan, r)] for r in range(4)] == [[0, 1, 3], [0, 1], [0, 2, 4, 5], [0, 2]]
+
+
+@pytest.mark.parametrize("args, pinned", [([], True), (["--no-pin"], False)])
+def test_a_rank_is_pinned_to_its_core_unless_the_run_says_no_pin(monkeypatch, tmp_path, args, pinned):
+    from harness.cli import _parser
+    from harness.runconfig import from_namespace
+
+    calls = []
+    monkeypatch.setattr(worker, "pin_rank", lambda local_rank, local_world: calls.append((local_rank, local_world)) or 1)
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    plan = _plan([], [], config=from_namespace(_parser().parse_args(["run", *args])))
+    plan = LaunchPlan.load(dataclasses.replace(plan, folder=str(tmp_path)).dump())  # as the rank reads it
+    assert worker.pin(plan) == (1 if pinned else None)
+    assert calls == ([(3, 4)] if pinned else [])
 
 
 @pytest.mark.parametrize("cells, wanted", [

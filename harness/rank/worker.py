@@ -42,7 +42,7 @@ from harness.rank.watchdog import Watchdog, note_exits
 from harness.scenario.load import load_scenarios
 from harness.undertest.undo import preload
 
-__all__ = ["import_requirements", "main"]
+__all__ = ["import_requirements", "main", "pin"]
 
 EXIT_POISONED = 3
 #: the harness's own exits (``os._exit`` itself is wrapped by ``note_exits``)
@@ -53,11 +53,10 @@ def main(argv: list[str] | None = None) -> None:
     CLOCK.reset("scenarios")
     CLOCK.add("startup", *process_age())
     die_with_parent()
-    # before any thread starts: they inherit it
-    pin_rank(int(os.environ.get("LOCAL_RANK", "0")), int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     parser = argparse.ArgumentParser(prog="harness.rank.worker")
     parser.add_argument("--plan", required=True)
     plan = LaunchPlan.load(parser.parse_args(argv).plan)
+    pin(plan)  # before any thread starts: they inherit it
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     # tells the launcher at once which rank a fatal signal killed
     faulthandler.enable(file=open(plan.crash_file(rank), "w"))  # noqa: SIM115 (kept open for the process)
@@ -95,6 +94,13 @@ def main(argv: list[str] | None = None) -> None:
             peers.wait(store, [stage_done(plan.launch_id, n, r) for r in range(world)], 24 * 3600)
         CLOCK.write(plan.phase_times_file(rank), launch=plan.launch_id, rank=rank)
     _exit(0, plan, rank)  # avoids the frequent abort at interpreter exit after destroy_process_group()
+
+
+def pin(plan: LaunchPlan) -> int | None:
+    """This rank's core (``harness.process.cpus.pin_rank``) unless the run says ``--no-pin``."""
+    if not plan.config.pin_ranks:
+        return None
+    return pin_rank(int(os.environ.get("LOCAL_RANK", "0")), int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
 
 
 def _cells_of(plan: LaunchPlan, rank: int) -> list[Cell]:
