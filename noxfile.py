@@ -32,7 +32,7 @@ from harness.envs.session import (  # noqa: E402
     matrix_file,
     matrix_installs,
     records_folder,
-    run_cell,
+    run_version,
 )
 
 nox.options.reuse_existing_virtualenvs = True
@@ -55,9 +55,9 @@ def matrix(session: nox.Session, torch: str, device: str) -> None:
 
     ``nox -s matrix -- --runner pytest [-n N]`` runs the cells as pytest items instead
     (the plugin in harness/pytest_plugin.py), with JUnit XML beside the records. The body:
-    ``harness.envs.session.run_cell``.
+    ``harness.envs.session.run_version``.
     """
-    run_cell(session, MATRIX, torch, device, root=ROOT, runs=RUNS)
+    run_version(session, MATRIX, torch, device, root=ROOT, runs=RUNS)
 
 
 def _install_project(session: nox.Session, *extras: str) -> None:

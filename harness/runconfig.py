@@ -149,7 +149,7 @@ class RunConfig:
                                   help="run the cells in a random order from SEED (the same seed, the same order; "
                                        "recorded as order_seed): an outcome that changes with the order depends on "
                                        "an earlier cell")
-    #: "meta": every model built on the meta device (``harness.train.meta_init``)
+    #: "meta": every model built on the meta device (``harness.train.meta_build``)
     init: str = _option("full", flag="--init", choices=("full", "meta"),
                         help="meta: build every model on the meta device, shard, to_empty, reset_parameters (with "
                              "meta_init_full_rng); a model that cannot be built so is skipped with the reason")

@@ -1,6 +1,6 @@
 import pytest
 
-from harness.envs.install import cpu_overrides, torch_install_args
+from harness.envs.packages import cpu_overrides, torch_install_args
 
 
 def test_cpu_overrides_drop_triton_and_share_cuda_libraries_per_major():
@@ -15,7 +15,7 @@ def test_install_args_prefer_a_local_cpu_wheel(tmp_path, monkeypatch):
     wheels = tmp_path / "wheels"
     wheels.mkdir()
     (wheels / "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl").write_bytes(b"")
-    monkeypatch.setattr("harness.envs.install.LOCAL_WHEELS", [])
+    monkeypatch.setattr("harness.envs.packages.LOCAL_WHEELS", [])
     monkeypatch.setenv("FSDP_COMPAT_WHEELS", str(wheels))
     args = torch_install_args("2.13.0", "cpu", tmp_path / "venv")
     assert args[:1] == ["torch==2.13.0"] and args[-2:] == ["--find-links", str(wheels)]
@@ -52,8 +52,8 @@ def test_a_prerelease_from_its_own_find_links_folder_installs(tmp_path):
     import shutil
     import subprocess
 
-    from harness.envs.install import HARNESS_DEPS, source_args
     from harness.envs.matrix import parse_matrix
+    from harness.envs.packages import HARNESS_DEPS, source_args
 
     uv = shutil.which("uv")
     if uv is None:
@@ -83,7 +83,7 @@ def test_a_prerelease_from_its_own_find_links_folder_installs(tmp_path):
 def test_a_cpu_prerelease_wheel_in_its_own_folder_needs_no_cuda_overrides(tmp_path, monkeypatch):
     from harness.envs.sources import TorchSource
 
-    monkeypatch.setattr("harness.envs.install.LOCAL_WHEELS", [])
+    monkeypatch.setattr("harness.envs.packages.LOCAL_WHEELS", [])
     monkeypatch.delenv("FSDP_COMPAT_WHEELS", raising=False)
     own = tmp_path / "rc"
     own.mkdir()

@@ -103,7 +103,7 @@ def _train_and_judge(rank: int, store_dir: str, out: str, opt_in: bool) -> None:
     from torch import nn
 
     from harness.plan.cells import Cell
-    from harness.rank.judging import judge
+    from harness.rank.judging import check_against_reference
     from harness.spec import Scenario, Sharding, mean_square
     from harness.train import fsdp
 
@@ -122,7 +122,7 @@ def _train_and_judge(rank: int, store_dir: str, out: str, opt_in: bool) -> None:
                     timeout_s=30)
         observed = fsdp.train(scenario, cell, {}, rank, 2)
         if rank == 0:
-            fields = judge(scenario, observed, cell)
+            fields = check_against_reference(scenario, observed, cell)
             with open(out, "w") as f:
                 json.dump({k: fields[k] for k in ("status", "worst", "resources")}, f)
     finally:

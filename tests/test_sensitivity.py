@@ -30,7 +30,7 @@ def _cell(fault):
 @pytest.mark.parametrize("fault", ["drop_micro_batch", "double_rank"])
 def test_a_modelled_loss_fault_is_caught_in_every_parameter_it_changes(fault):
     observed = run_reference(faulty_forward(BASE, FAULTS[fault]), 2)
-    fields = judging.judge(BASE, observed, _cell(fault))
+    fields = judging.check_against_reference(BASE, observed, _cell(fault))
     assert fields["status"] == "mismatch" and fields["fault_missed"] == []
     assert fields["fault_affected"] == sorted(n for n, _ in MLP().named_parameters())
 
@@ -39,7 +39,7 @@ def test_what_the_checks_cannot_see_is_named(monkeypatch):
     """With a tolerance too wide to see the fault, every parameter it changed is a miss."""
     monkeypatch.setitem(compare.TOLERANCES, torch.float32, compare.Tolerance(dtype="float32", rel=10.0))
     observed = run_reference(faulty_forward(BASE, FAULTS["double_rank"]), 2)
-    fields = judging.judge(BASE, observed, _cell("double_rank"))
+    fields = judging.check_against_reference(BASE, observed, _cell("double_rank"))
     assert fields["fault_missed"] == fields["fault_affected"] and fields["fault_missed"]
 
 

@@ -14,14 +14,14 @@ import pytest
 import torch
 
 from harness.envs.matrix import load_matrix
-from harness.envs.session import bytecode_env, run_cell, write_bytecode
+from harness.envs.session import bytecode_env, run_version, write_bytecode
 from tests.support import ROOT
 
 TORCH = str(torch.__version__).split("+")[0]
 
 
 class Session:
-    """What ``run_cell`` uses of a nox session: installs go to a real venv (uv, offline; a
+    """What ``run_version`` uses of a nox session: installs go to a real venv (uv, offline; a
     package is built with the build backend this interpreter has, so an empty uv cache
     needs no index), commands run with its python."""
 
@@ -122,7 +122,7 @@ def test_the_matrix_session_installs_the_stack_and_runs_its_scenarios(tmp_path, 
     monkeypatch.setattr("harness.envs.session.torch_install_args", lambda *a, **k: [])  # torch: the one it sees
     runs = tmp_path / "runs"
     session = Session(venv)
-    run_cell(session, matrix, TORCH, "cpu", root=ROOT, runs=runs)
+    run_version(session, matrix, TORCH, "cpu", root=ROOT, runs=runs)
     assert session.installs == [[], ["-e", str(tmp_path / "acme" / "pkg")]]
     (cmd, env), = session.runs
     assert cmd[:4] == ["python", "-m", "harness", "run"]
@@ -151,9 +151,9 @@ def test_a_source_entry_is_stamped_on_the_run_and_a_rerun_keeps_other_versions(t
     for name in ("torch-2.16.0.jsonl", "torch-2.16.0rc1.jsonl", "torch-2.16.0rc1-gw0.jsonl"):
         (runs / "cpu" / name).write_text("")
 
-    monkeypatch.setattr("harness.envs.install.LOCAL_WHEELS", [])
+    monkeypatch.setattr("harness.envs.packages.LOCAL_WHEELS", [])
     session = Recorder(tmp_path / "venv", posargs=["--config", "m.yaml", "--shuffle", "3"])
-    run_cell(session, matrix, "2.16.0rc1", "cpu", root=ROOT, runs=runs)
+    run_version(session, matrix, "2.16.0rc1", "cpu", root=ROOT, runs=runs)
     torch_args = session.installs[0]
     assert torch_args[0] == "torch==2.16.0rc1" and "--prerelease" in torch_args
     assert torch_args[torch_args.index("--find-links") + 1] == str(tmp_path / "rc")
@@ -167,12 +167,12 @@ def test_a_source_entry_is_stamped_on_the_run_and_a_rerun_keeps_other_versions(t
 def test_the_committed_matrix_runs_as_before(tmp_path, monkeypatch):
     """matrix.yaml's cells: torch, then the hf_ pack's transformers, nothing else installed; the
     same run command as before ``install``/``scenarios_dirs``/sources existed."""
-    from harness.envs.install import torch_install_args
+    from harness.envs.packages import torch_install_args
 
-    monkeypatch.setattr("harness.envs.install.LOCAL_WHEELS", [])
+    monkeypatch.setattr("harness.envs.packages.LOCAL_WHEELS", [])
     matrix = load_matrix(ROOT / "matrix.yaml")
     session = Recorder(tmp_path / "venv")
-    run_cell(session, matrix, "2.12.1", "cpu", root=ROOT, runs=tmp_path / "runs")
+    run_version(session, matrix, "2.12.1", "cpu", root=ROOT, runs=tmp_path / "runs")
     out = tmp_path / "runs" / "cpu" / "torch-2.12.1.jsonl"
     assert session.installs == [torch_install_args("2.12.1", "cpu", tmp_path / "venv" / ".fsdp-compat"),
                                 ["transformers==5.24.0"]]
@@ -247,8 +247,8 @@ def test_a_cuda_session_without_a_gpu_is_an_error_when_named_and_left_out_of_the
     matrix = load_matrix(ROOT / "matrix.yaml")
     if named:
         with pytest.raises(AssertionError, match="no GPU visible .*: this cuda session cannot run here"):
-            sessions.run_cell(rec, matrix, "2.15.0", "cuda", root=ROOT, runs=tmp_path / "runs")
+            sessions.run_version(rec, matrix, "2.15.0", "cuda", root=ROOT, runs=tmp_path / "runs")
     else:
         with pytest.raises(pytest.skip.Exception, match="named on the command line is an error instead"):
-            sessions.run_cell(rec, matrix, "2.15.0", "cuda", root=ROOT, runs=tmp_path / "runs")
+            sessions.run_version(rec, matrix, "2.15.0", "cuda", root=ROOT, runs=tmp_path / "runs")
     assert rec.installs == [] and rec.runs == []

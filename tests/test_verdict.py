@@ -12,11 +12,11 @@ from harness.results.verdict import (
     VERDICT_RULES,
     caveats,
     combine_patch_statuses,
-    judge,
     match_rule,
     outcome,
     patch_contributions,
     unexpected_notes,
+    verdict_of,
 )
 from harness.vocabulary import (
     BACKPORT,
@@ -103,14 +103,14 @@ CASES = [
 
 @pytest.mark.parametrize(("name", "records", "verdict"), CASES, ids=[c[0] for c in CASES])
 def test_verdicts(name, records, verdict):
-    got = judge(records)
+    got = verdict_of(records)
     assert got.verdict == verdict, f"{name}: rule {got.rule.number} {got.classes}"
 
 
 def test_a_bug_that_cannot_show_on_the_device_is_judged_like_a_baseline():
     hidden = {"vanilla": {"bug_observable": False}, "patched": {"bug_observable": False},
               "deployed": {"bug_observable": False}}
-    got = judge(cell("pass", "pass", "pass", **hidden))
+    got = verdict_of(cell("pass", "pass", "pass", **hidden))
     assert (got.kind, got.verdict) == ("baseline", OK)
     contrib = patch_contributions(got, cell("pass", "pass", "pass", **hidden))
     assert contrib == {A: (PS_NOT_APPLICABLE, "its bug cannot show on this device")}
@@ -141,7 +141,7 @@ def test_outcome(record, variant, expected):
 
 
 def _contrib(records):
-    return {k: s for k, (s, _) in patch_contributions(judge(records), records).items()}
+    return {k: s for k, (s, _) in patch_contributions(verdict_of(records), records).items()}
 
 
 @pytest.mark.parametrize(("records", "expected"), [
@@ -171,7 +171,7 @@ def test_turning_an_error_into_a_hang_is_a_caveat():
     assert caveats(cell("error", "hang", "crash")) == (
         "patched turns vanilla's error into a hang", "deployed turns vanilla's error into a crash")
     assert caveats(cell("error", "pass", "pass")) == ()
-    assert judge(cell("error", "hang", "hang")).caveats
+    assert verdict_of(cell("error", "hang", "hang")).caveats
 
 
 @pytest.mark.parametrize(("records", "notes"), [
@@ -184,7 +184,7 @@ def test_turning_an_error_into_a_hang_is_a_caveat():
 ])
 def test_unexpected_notes(records, notes):
     assert unexpected_notes(records) == notes
-    assert judge(records).flagged == bool(notes)
+    assert verdict_of(records).flagged == bool(notes)
 
 
 def test_a_mismatch_without_the_documented_text_is_named():

@@ -18,12 +18,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from harness.envs.install import torch_install_args
 from harness.envs.matrix import Matrix
+from harness.envs.packages import torch_install_args
 from harness.results.machine import TORCH_SOURCE_ENV
 
 __all__ = ["MATRIX_ENV", "bytecode_env", "gpu_visible", "harness_folder", "matrix_file", "matrix_installs", "prefetch_next",
-           "records_folder", "run_cell", "session_args", "without_config", "write_bytecode"]
+           "records_folder", "run_version", "session_args", "without_config", "write_bytecode"]
 
 MATRIX_ENV = "FSDP_COMPAT_MATRIX"
 DEFAULT_MATRIX = "matrix.yaml"
@@ -148,7 +148,7 @@ def prefetch_next(session: Any, matrix: Matrix, *, after: tuple[str, str]) -> An
     return prefetch.start(envdir, f"{torch}-{device}", python, args)
 
 
-def run_cell(session: Any, matrix: Matrix, torch: str, device: str, *, root: Path, runs: Path) -> None:
+def run_version(session: Any, matrix: Matrix, torch: str, device: str, *, root: Path, runs: Path) -> None:
     """One matrix cell: install torch ``torch`` (from its own source where the matrix gives
     one), the hf_ pack's transformers and the matrix's ``install`` entries into the session's
     venv, then run every scenario (the project's and ``scenarios_dirs``) and variant on

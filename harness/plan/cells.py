@@ -45,7 +45,7 @@ class Cell:
     #: the scenario's public API alternative ("name (torch >= X)") and the patches it replaces
     api: str | None = None
     api_replaces: tuple[str, ...] = ()
-    #: "meta": built on the meta device (``run --init meta``, ``harness.train.meta_init``)
+    #: "meta": built on the meta device (``run --init meta``, ``harness.train.meta_build``)
     init: str = "full"
     #: a fault injected on the FSDP2 side (``run --fault``, ``harness.train.faults``): the cell must
     #: turn into a mismatch that names every parameter the fault changed

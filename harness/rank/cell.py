@@ -33,7 +33,7 @@ from harness.plan.placement import runs_forked
 from harness.protocol import CellKeys, LaunchPlan, install_phase, mark_started, read_phase
 from harness.rank import peers
 from harness.rank.groups import CellGroups, ProbeCache, keep_group
-from harness.rank.judging import dump, judge, load_observed, save_observed, scenario_for
+from harness.rank.judging import check_against_reference, dump, load_observed, save_observed, scenario_for
 from harness.rank.leaks import CellState, TorchAttributes
 from harness.rank.phases import CLOCK, fold, read_totals
 from harness.rank.skips import skip_fields
@@ -217,7 +217,7 @@ class CellRun:
             if self.zygote is not None:
                 return self.zygote.reference(self.plan, cell, mine.patch_install, time.time() + cell.timeout_s)
             try:  # no fork on this platform: here, with whatever the patch set changed
-                return judge(scenario_for(self.scenarios, cell), load_observed(path), cell, mine.patch_install)
+                return check_against_reference(scenario_for(self.scenarios, cell), load_observed(path), cell, mine.patch_install)
             except Exception as e:
                 return dict(status="error", exc_type=type(e).__name__, exc_msg=f"reference/compare failed: {e}"[:500],
                             traceback=traceback.format_exc()[-8000:])

@@ -113,8 +113,8 @@ class Zygote:
 
     def reference(self, plan: LaunchPlan, cell: Cell, installs: dict[str, dict[str, str]],
                   deadline: float) -> dict[str, Any]:
-        """The outcome fields of ``cell`` from a reference process (``harness.rank.judging.judge``
-        on the snapshots its judging rank saved)."""
+        """The outcome fields of ``cell`` from a reference process
+        (``harness.rank.judging.check_against_reference`` on the snapshots its judging rank saved)."""
         verdict = plan.verdict_file(cell.index)
         verdict.unlink(missing_ok=True)
         pid = self.fork(dict(kind="reference", index=cell.index, installs=installs))
@@ -239,7 +239,7 @@ def _cell_process(plan: LaunchPlan, scenarios: dict, baseline: TorchAttributes, 
 
 def _reference_process(plan: LaunchPlan, scenarios: dict, *, index: int, installs: dict) -> None:
     """The reference and the comparison of cell ``index``, written to ``plan.verdict_file``."""
-    from harness.rank.judging import judge, load_observed, scenario_for
+    from harness.rank.judging import check_against_reference, load_observed, scenario_for
 
     code = 4
     CLOCK.reset()
@@ -248,8 +248,8 @@ def _reference_process(plan: LaunchPlan, scenarios: dict, *, index: int, install
         die_with_parent()
         gc.freeze()
         try:
-            fields = judge(scenario_for(scenarios, cell), load_observed(plan.observed_file(index)), cell, installs,
-                           references=plan.references_folder())
+            fields = check_against_reference(scenario_for(scenarios, cell), load_observed(plan.observed_file(index)),
+                                             cell, installs, references=plan.references_folder())
         except Exception as e:  # a broken reference must not lose the cell
             fields = dict(status="error", exc_type=type(e).__name__, exc_msg=f"reference/compare failed: {e}"[:500],
                           traceback=traceback.format_exc()[-8000:])

@@ -33,14 +33,14 @@ from harness.scenario.symptoms import Evidence
 from harness.train import compare
 from harness.train.faults import fault_named, faulty_forward
 from harness.train.ledger import check_problems
-from harness.train.meta_init import as_meta
+from harness.train.meta_build import as_meta
 from harness.train.reference import GLOO_AVG_FIX, gloo_avg_declared, quirks_for, run_reference
 from harness.train.resources import growth_problems
 from harness.train.reuse import reference_key, reused
 from harness.train.step import StepTensors
 from harness.vocabulary import Failure
 
-__all__ = ["dump", "judge", "load_observed", "save_observed", "scenario_for"]
+__all__ = ["check_against_reference", "dump", "load_observed", "save_observed", "scenario_for"]
 
 #: install statuses under which a patch is in force
 _IN_FORCE = ("installed", "already-installed")
@@ -54,7 +54,7 @@ def scenario_for(scenarios: dict[str, Scenario], cell: Cell) -> Scenario:
     return scenario.with_api() if cell.variant == "api" else scenario
 
 
-def judge(scenario: Scenario, observed: list[StepTensors], cell: Cell,
+def check_against_reference(scenario: Scenario, observed: list[StepTensors], cell: Cell,
           installs: dict[str, dict[str, str]] | None = None, references: Path | None = None) -> dict[str, Any]:
     """The outcome fields of a cell whose every rank trained: the reference (one step at a
     time from ``observed``), the comparison, the ledger and resource checks. ``installs``:

@@ -10,7 +10,7 @@ import torch
 
 from harness.plan.cells import Cell
 from harness.scenario.spec import UNUSED_PARAMS_API, Scenario
-from harness.train.meta_init import init_gap
+from harness.train.meta_build import init_gap
 
 __all__ = ["skip_fields"]
 

@@ -115,7 +115,7 @@ class Record:
     fault_missed: list[str] = field(default_factory=list)
     #: the seed of the shuffled cell order the run used (``run --shuffle``); None: the planned order
     order_seed: int | None = None
-    #: "meta": the run built every model on the meta device (``run --init meta``, ``harness.train.meta_init``)
+    #: "meta": the run built every model on the meta device (``run --init meta``, ``harness.train.meta_build``)
     init: str = "full"
     #: the judge's wall and CPU seconds per phase of the cell (``harness.rank.phases``: name -> [wall, cpu])
     phases: dict[str, list[float]] | None = None

@@ -27,7 +27,7 @@ from harness.results.reading import load_records
 from harness.results.record import Record, RecordError
 from harness.results.safe import module_label
 from harness.results.sensitivity import blind_spots
-from harness.results.verdict import adjusted, combine_patch_statuses, judge, patch_contributions
+from harness.results.verdict import adjusted, combine_patch_statuses, patch_contributions, verdict_of
 from harness.versions import release_label, sorted_torch
 from harness.vocabulary import PS_BROKEN, PS_NOT_RUN, VARIANTS, VERDICTS
 
@@ -101,7 +101,7 @@ def _exc_text(rec: Record | None) -> str:
 
 def _cell_row(key: tuple[str, str, str, int], records: dict[str, Record | None]) -> dict[str, Any]:
     device, scenario, torch, ws = key
-    cell = judge(records)
+    cell = verdict_of(records)
     present = [r for r in records.values() if r is not None]
     first = present[0] if present else None
     row: dict[str, Any] = {

@@ -65,7 +65,7 @@ __all__ = [
     "adjusted",
     "caveats",
     "combine_patch_statuses",
-    "judge",
+    "verdict_of",
     "match_rule",
     "outcome",
     "patch_contributions",
@@ -232,7 +232,7 @@ def adjusted(records: Records) -> str:
     return "; ".join(f"{', '.join(variants)}: {quirk}" for quirk, variants in sorted(by_quirk.items()))
 
 
-def judge(records: Records) -> CellVerdict:
+def verdict_of(records: Records) -> CellVerdict:
     """Verdict for one cell from its records by variant (missing variants count as missing)."""
     present = [r for r in records.values() if r is not None]
     patches = sorted({p for r in present for p in r.patches})

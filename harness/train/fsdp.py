@@ -29,7 +29,7 @@ from harness.train import recipe
 from harness.train import resources as held
 from harness.train.faults import fault_named
 from harness.train.gather import Deferred, gather_full, plain_placements
-from harness.train.meta_init import init_on, materialized_on
+from harness.train.meta_build import init_on, materialized_on
 from harness.train.norm_group import rehome
 from harness.train.probe import Probes, measure_reduction
 from harness.train.requested import sharding_problems

@@ -46,7 +46,7 @@ from torch import nn
 
 from harness.scenario.spec import MODEL_SEED, Clip, Ctx, MicroBatch, Scenario, Sharding, move_batch, torch_release
 from harness.train import recipe
-from harness.train.meta_init import build_on_meta
+from harness.train.meta_build import build_on_meta
 from harness.train.step import StepTensors
 
 __all__ = ["GLOO_AVG_FIX", "GLOO_AVG_SUMS", "PER_USE_UPCAST", "REDUCE_NONE_FP32", "ReferenceSide", "gloo_avg_declared",
@@ -120,7 +120,7 @@ def run_reference(scenario: Scenario, world_size: int, *, quirks: list[str] | No
     """Replay ``scenario`` at ``world_size`` ranks (its data-parallel ones) in this process,
     one step at a time from what FSDP2 produced (``observed``, see above), else on its own;
     on ``device`` (built like the FSDP2 side's model: on the CPU then moved, or on meta and
-    initialised where the sharded run initialises it, ``harness.train.meta_init``)."""
+    initialised where the sharded run initialises it, ``harness.train.meta_build``)."""
     device = torch.device(device)
     torch.manual_seed(MODEL_SEED)
     model = build_on_meta(scenario, device) if scenario.sharding.init == "meta" else scenario.model().to(device)

@@ -1,4 +1,4 @@
-"""harness.train.meta_init and ``run --init meta``: every scenario built on the meta device
+"""harness.train.meta_build and ``run --init meta``: every scenario built on the meta device
 where its model can be, with bug N's workaround on CPU; the others skipped with the reason."""
 
 import json
@@ -13,7 +13,7 @@ from torch import nn
 from harness.plan.cells import META_WORKAROUND, plan_cells
 from harness.scenario.expect import torch_release
 from harness.spec import Scenario
-from harness.train.meta_init import as_meta, init_gap
+from harness.train.meta_build import as_meta, init_gap
 from scenarios._models import MLP, randn_batch
 from tests.support import ROOT
 
