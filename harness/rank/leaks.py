@@ -61,7 +61,8 @@ class TorchAttributes:
     held: list[tuple[Any, tuple[str, ...], tuple[Any, ...]]] = field(default_factory=list)
     #: per namespace of ``held``: a reader of its dict's version tag (None: no fast path)
     tags: list[Any] = field(init=False)
-    #: per namespace of ``held``: its dict's version tag when it was last found as ``take()`` saw it
+    #: per namespace of ``held``: its dict's version tag when a scan last found nothing in it to
+    #: name (as ``take()`` saw it, or with only plain values moved)
     clean: list[int | None] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -125,7 +126,7 @@ class TorchAttributes:
         out: list[tuple[str, Any, str, Any]] = []
         for i, ((obj, keys, values), tag) in enumerate(zip(self.held, self.tags)):
             if tag is not None and tag.value == self.clean[i]:
-                continue  # its dict has not changed since it was found as take() saw it
+                continue  # its dict has not changed since a scan found nothing in it to name
             now = obj.__dict__
             if _same(now, keys, values):
                 if tag is not None:
@@ -133,6 +134,7 @@ class TorchAttributes:
                 continue
             before = dict(zip(keys, values))
             label = obj.__name__ if isinstance(obj, ModuleType) else f"{obj.__module__}.{obj.__qualname__}"
+            found = len(out)
             for key, value in now.items():
                 old = before.get(key, _MISSING)
                 if old is value or key.startswith("__"):
@@ -146,6 +148,10 @@ class TorchAttributes:
                 out.append((f"{label}.{key}", obj, key, old))
             out += [(f"{label}.{key} (removed)", obj, key, before[key]) for key in before.keys() - now.keys()
                     if not key.startswith("__") and _code_like(before[key])]
+            if tag is not None and len(out) == found:
+                # only plain values moved (a counter, a cache torch fills): nothing to name or put
+                # back while the dict stays as it is now
+                self.clean[i] = tag.value
         return out
 
 
