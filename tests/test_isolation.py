@@ -158,3 +158,28 @@ def test_the_scan_skips_namespaces_by_version_tag_and_still_sees_every_change():
     finally:
         F.linear = original
         baseline.restore()
+
+
+def test_a_namespace_where_only_plain_values_moved_is_skipped_until_its_dict_changes_again():
+    """A counter or cache torch fills is nothing to name: the scan notes the namespace's new
+    version tag as clean instead of walking it key by key after every cell; a function
+    replaced in it later is still found."""
+    import torch.nn.functional as F
+
+    from harness.rank import leaks
+
+    if leaks._TAG_OFFSET is None:
+        pytest.skip("no dict version tags on this interpreter: every namespace is walked")
+    baseline = leaks.TorchAttributes.take()
+    index = next(i for i, (obj, _, _) in enumerate(baseline.held) if obj is F)
+    original = F.linear
+    try:
+        F._fsdp_compat_counter = 3  # a plain value, as torch's own counters are
+        assert baseline.changes() == [] and baseline.clean[index] == baseline.tags[index].value
+        F.linear = lambda *args, **kwargs: original(*args, **kwargs)
+        assert baseline.changes() == ["torch.nn.functional.linear"]
+        assert baseline.clean[index] != baseline.tags[index].value  # something to name: walked again next time
+    finally:
+        F.linear = original
+        vars(F).pop("_fsdp_compat_counter", None)
+        baseline.restore()
