@@ -183,3 +183,38 @@ def test_a_namespace_where_only_plain_values_moved_is_skipped_until_its_dict_cha
         F.linear = original
         vars(F).pop("_fsdp_compat_counter", None)
         baseline.restore()
+
+
+def test_child_processes_are_found_whichever_thread_started_them():
+    """The children scan reads the main thread's and every Python thread's children (not
+    gloo's native threads): a process started from the main thread, from a live thread, and
+    from a thread that has since ended (Linux hands it to the main thread) are all found."""
+    import threading
+
+    from harness.rank.leaks import _children
+
+    before = _children()
+    started: list[subprocess.Popen] = []
+    release = threading.Event()
+
+    def start_and_wait():
+        started.append(subprocess.Popen(["sleep", "30"]))
+        release.wait(10)
+
+    live = threading.Thread(target=start_and_wait)
+    ended = threading.Thread(target=lambda: started.append(subprocess.Popen(["sleep", "30"])))
+    try:
+        started.append(subprocess.Popen(["sleep", "30"]))
+        live.start()
+        ended.start()
+        ended.join()
+        while len(started) < 3:
+            threading.Event().wait(0.01)
+        assert _children() - before == {p.pid for p in started}
+    finally:
+        release.set()
+        live.join()
+        for p in started:
+            p.kill()
+            p.wait()
+    assert _children() == before
