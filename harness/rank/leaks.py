@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import operator
 import os
 import sys
 import threading
@@ -60,15 +61,15 @@ class TorchAttributes:
     whose tag has not moved since a scan found it as ``take()`` saw it is skipped."""
 
     held: list[tuple[Any, tuple[str, ...], tuple[Any, ...]]] = field(default_factory=list)
-    #: per namespace of ``held``: a reader of its dict's version tag (None: no fast path)
+    #: per namespace of ``held``: a reader of its dict's version tag (``_NO_TAG``: no fast path)
     tags: list[Any] = field(init=False)
     #: per namespace of ``held``: its dict's version tag when a scan last found nothing in it to
     #: name (as ``take()`` saw it, or with only plain values moved)
-    clean: list[int | None] = field(init=False)
+    clean: list[object] = field(init=False)
 
     def __post_init__(self) -> None:
         self.tags = [_tag_of(obj) for obj, _, _ in self.held]
-        self.clean = [None if t is None else t.value for t in self.tags]
+        self.clean = list(map(_TAG_VALUE, self.tags))
 
     @classmethod
     def take(cls) -> TorchAttributes:
@@ -125,13 +126,12 @@ class TorchAttributes:
     def _changed(self) -> list[tuple[str, Any, str, Any]]:
         """(dotted name, owner, attribute, value at ``take()``) for each change ``changes`` names."""
         out: list[tuple[str, Any, str, Any]] = []
-        for i, ((obj, keys, values), tag) in enumerate(zip(self.held, self.tags)):
-            if tag is not None and tag.value == self.clean[i]:
-                continue  # its dict has not changed since a scan found nothing in it to name
+        tags = list(map(_TAG_VALUE, self.tags))  # every namespace's tag, read at C speed
+        for i in [i for i, tag, clean in zip(range(len(tags)), tags, self.clean) if tag != clean]:
+            obj, keys, values = self.held[i]
             now = obj.__dict__
             if _same(now, keys, values):
-                if tag is not None:
-                    self.clean[i] = tag.value
+                self.clean[i] = tags[i]
                 continue
             before = dict(zip(keys, values))
             label = obj.__name__ if isinstance(obj, ModuleType) else f"{obj.__module__}.{obj.__qualname__}"
@@ -149,10 +149,10 @@ class TorchAttributes:
                 out.append((f"{label}.{key}", obj, key, old))
             out += [(f"{label}.{key} (removed)", obj, key, before[key]) for key in before.keys() - now.keys()
                     if not key.startswith("__") and _code_like(before[key])]
-            if tag is not None and len(out) == found:
+            if len(out) == found:
                 # only plain values moved (a counter, a cache torch fills): nothing to name or put
                 # back while the dict stays as it is now
-                self.clean[i] = tag.value
+                self.clean[i] = tags[i]
         return out
 
 
@@ -217,13 +217,27 @@ def _version_tag_offset() -> int | None:
 _TAG_OFFSET = _version_tag_offset()
 
 
+class _NoTag:
+    """The tag reader of a namespace without a fast path: it reads as moved every time."""
+
+    @property
+    def value(self) -> object:
+        return object()
+
+
+_NO_TAG = _NoTag()
+#: reads a tag reader's value (``map`` over every namespace's reader at C speed)
+_TAG_VALUE = operator.attrgetter("value")
+
+
 def _tag_of(obj: Any) -> Any:
-    """A live reader (``.value``) of the version tag of ``obj``'s attribute dict, or None."""
+    """A live reader (``.value``) of the version tag of ``obj``'s attribute dict (``_NO_TAG``
+    where there is none to read: that namespace is compared in full on every scan)."""
     if _TAG_OFFSET is None:
-        return None
+        return _NO_TAG
     d = vars(obj) if isinstance(obj, ModuleType) else next(iter(gc.get_referents(obj.__dict__)), None)
     if type(d) is not dict:
-        return None
+        return _NO_TAG
     return ctypes.c_uint64.from_address(id(d) + _TAG_OFFSET)
 
 
