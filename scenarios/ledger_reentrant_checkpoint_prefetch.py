@@ -16,6 +16,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.utils.checkpoint import checkpoint
 
 from harness.spec import Ctx, Expect, Scenario, Sharding, mean_square
+from harness.train.checks import LedgerRules
 from harness.train.ledger import at_most
 from scenarios._models import IN, randn_batch
 
@@ -57,7 +58,7 @@ SCENARIO = Scenario(
     forward=forward,
     sharding=Sharding(units=UNITS),
     world_sizes=(2,),
-    ledger_checks=(at_most("all_gather", len(UNITS), phase="backward"),),
+    checks=(LedgerRules(at_most("all_gather", len(UNITS), phase="backward")),),
     expect=(Expect(status="mismatch", variants=("vanilla", "deployed"), match="ledger:", upstream="NVIDIA-NeMo/Automodel#3411",
                    why="reentrant recomputation re-runs each unit's forward prefetch in backward: more all-gathers "
                        "than units (grads are right); use_reentrant=False avoids it"),),

@@ -106,6 +106,7 @@ def _train_and_judge(rank: int, store_dir: str, out: str, opt_in: bool) -> None:
     from harness.rank.judging import check_against_reference
     from harness.spec import Scenario, Sharding, mean_square
     from harness.train import fsdp
+    from harness.train.checks import ResourceGrowth
 
     def leaky_forward(model, batch, ctx):
         if not isinstance(model, fsdp.fsdp_public.FSDPModule):
@@ -117,7 +118,7 @@ def _train_and_judge(rank: int, store_dir: str, out: str, opt_in: bool) -> None:
     try:
         scenario = Scenario(name="t", model=lambda: nn.Sequential(nn.Linear(3, 5), nn.Linear(5, 2)),
                             batch=lambda ctx: torch.randn(2, 3), sharding=Sharding(units=("0", "1")),
-                            forward=leaky_forward, steps=5, resource_check=opt_in)
+                            forward=leaky_forward, steps=5, checks=(ResourceGrowth(),) if opt_in else ())
         cell = Cell(index=0, scenario="t", variant="vanilla", device="cpu", backend="gloo", world_size=2, mesh=(2,),
                     timeout_s=30)
         observed = fsdp.train(scenario, cell, {}, rank, 2)

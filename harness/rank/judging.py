@@ -31,11 +31,10 @@ from harness.rank.phases import CLOCK
 from harness.scenario.spec import Scenario
 from harness.scenario.symptoms import Evidence
 from harness.train import compare
+from harness.train.checks import first_problem
 from harness.train.faults import fault_named, faulty_forward
-from harness.train.ledger import check_problems
 from harness.train.meta_build import as_meta
 from harness.train.reference import GLOO_AVG_FIX, gloo_avg_declared, quirks_for, run_reference
-from harness.train.resources import growth_problems
 from harness.train.reuse import reference_key, reused
 from harness.train.step import StepTensors
 from harness.vocabulary import Failure
@@ -85,14 +84,9 @@ def check_against_reference(scenario: Scenario, observed: list[StepTensors], cel
     if findings:
         fields["findings"] = findings
     fields["ledger"] = observed[0].ledger if observed else None
-    if (problems := check_problems(scenario.ledger_checks, fields["ledger"])) and result.ok:
-        fields.update(status="mismatch", worst="ledger: " + "; ".join(problems))
     fields["resources"] = observed[0].resources if observed else None
-    if scenario.resource_check and (problems := growth_problems(fields["resources"])) and fields["status"] == "pass":
-        fields.update(status="mismatch", worst="resources: " + "; ".join(problems))
-    if (problems := observed[0].sharding if observed else None) and fields["status"] == "pass":
-        fields.update(status="mismatch", worst="sharding: " + "; ".join(problems[:3])
-                      + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""))
+    if result.ok and (worst := first_problem(scenario.checks, observed)):
+        fields.update(status="mismatch", worst=worst)
     if result.reference_nonfinite:
         fields.update(status="error", exc_type=Failure.SCENARIO_ERROR,
                       exc_msg=f"the reference itself is non-finite ({', '.join(result.reference_nonfinite[:3])}): "

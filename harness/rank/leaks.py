@@ -27,9 +27,6 @@ as its submodules load): ``--isolate fork``.
 
 from __future__ import annotations
 
-import ctypes
-import gc
-import operator
 import os
 import sys
 import threading
@@ -41,6 +38,7 @@ import torch
 
 from harness.rank.registries import Registries
 from harness.rank.state import GlobalState
+from harness.rank.versiontags import TAG_VALUE, tag_of
 
 __all__ = ["CellState", "TorchAttributes"]
 
@@ -57,19 +55,19 @@ class TorchAttributes:
 
     A scan compares every namespace with what ``take()`` saw (``_same``: 11 ms for 4,578
     namespaces on torch 2.13, after every cell). Where CPython keeps a version tag in each dict
-    that changes with every change to it (``_TAG_OFFSET``, checked at import), a namespace
+    that changes with every change to it (``harness.rank.versiontags``, checked at import), a namespace
     whose tag has not moved since a scan found it as ``take()`` saw it is skipped."""
 
     held: list[tuple[Any, tuple[str, ...], tuple[Any, ...]]] = field(default_factory=list)
-    #: per namespace of ``held``: a reader of its dict's version tag (``_NO_TAG``: no fast path)
+    #: per namespace of ``held``: a reader of its dict's version tag (``versiontags.NO_TAG``: none)
     tags: list[Any] = field(init=False)
     #: per namespace of ``held``: its dict's version tag when a scan last found nothing in it to
     #: name (as ``take()`` saw it, or with only plain values moved)
     clean: list[object] = field(init=False)
 
     def __post_init__(self) -> None:
-        self.tags = [_tag_of(obj) for obj, _, _ in self.held]
-        self.clean = list(map(_TAG_VALUE, self.tags))
+        self.tags = [tag_of(obj) for obj, _, _ in self.held]
+        self.clean = list(map(TAG_VALUE, self.tags))
 
     @classmethod
     def take(cls) -> TorchAttributes:
@@ -126,7 +124,7 @@ class TorchAttributes:
     def _changed(self) -> list[tuple[str, Any, str, Any]]:
         """(dotted name, owner, attribute, value at ``take()``) for each change ``changes`` names."""
         out: list[tuple[str, Any, str, Any]] = []
-        tags = list(map(_TAG_VALUE, self.tags))  # every namespace's tag, read at C speed
+        tags = list(map(TAG_VALUE, self.tags))  # every namespace's tag, read at C speed
         for i in [i for i, tag, clean in zip(range(len(tags)), tags, self.clean) if tag != clean]:
             obj, keys, values = self.held[i]
             now = obj.__dict__
@@ -190,55 +188,6 @@ def _from_torch(value: Any, depth: int = 0) -> bool:
 
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
-
-
-def _version_tag_offset() -> int | None:
-    """Where CPython keeps a dict's version tag (PEP 509: ``ma_version_tag``, after the object
-    header and ``ma_used``), if this interpreter has one that changes with every change to the
-    dict: checked on a dict of our own, else None (no fast path, every namespace compared)."""
-    if sys.implementation.name != "cpython" or sys.version_info >= (3, 14):
-        return None
-    word = ctypes.sizeof(ctypes.c_ssize_t)
-    probe = {"a": 1, "b": 2, "c": 3}
-    try:
-        if ctypes.c_ssize_t.from_address(id(probe) + 2 * word).value != len(probe):
-            return None  # not the layout expected (a debug build's larger header)
-        tag = ctypes.c_uint64.from_address(id(probe) + 3 * word)
-        seen = [tag.value]
-        for change in (lambda: probe.__setitem__("a", 4), lambda: probe.__setitem__("d", 5),
-                       lambda: probe.__delitem__("b")):
-            change()
-            seen.append(tag.value)
-        return 3 * word if len(set(seen)) == len(seen) else None
-    except Exception:
-        return None
-
-
-_TAG_OFFSET = _version_tag_offset()
-
-
-class _NoTag:
-    """The tag reader of a namespace without a fast path: it reads as moved every time."""
-
-    @property
-    def value(self) -> object:
-        return object()
-
-
-_NO_TAG = _NoTag()
-#: reads a tag reader's value (``map`` over every namespace's reader at C speed)
-_TAG_VALUE = operator.attrgetter("value")
-
-
-def _tag_of(obj: Any) -> Any:
-    """A live reader (``.value``) of the version tag of ``obj``'s attribute dict (``_NO_TAG``
-    where there is none to read: that namespace is compared in full on every scan)."""
-    if _TAG_OFFSET is None:
-        return _NO_TAG
-    d = vars(obj) if isinstance(obj, ModuleType) else next(iter(gc.get_referents(obj.__dict__)), None)
-    if type(d) is not dict:
-        return _NO_TAG
-    return ctypes.c_uint64.from_address(id(d) + _TAG_OFFSET)
 
 
 @dataclass(kw_only=True)

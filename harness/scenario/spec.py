@@ -201,18 +201,20 @@ class Scenario:
     #: each worker imports them once before its first cell (forked cells inherit them), and
     #: the cells are skipped, with the reason, where their package is missing
     requires: tuple[str, ...] = ()
-    #: checks of the cell's collective ledger (``harness.train.ledger``, e.g. ``at_most``): each returns
-    #: a problem text or None; a problem makes a passing cell a mismatch (worst "ledger: ...")
-    ledger_checks: tuple[Callable[[Any], str | None], ...] = ()
+    #: checks beyond values (``harness.train.checks``: ``LedgerRules(at_most(...))``,
+    #: ``ResourceGrowth()``): on a cell whose values match, the first with problems makes it a
+    #: mismatch (worst "<kind>: ..."); every cell also runs ``harness.train.checks.ALWAYS``
+    checks: tuple[Any, ...] = ()
     #: the stack learns that an accumulation window is over only after its last backward (MoE and
     #: pipeline schedules): every micro-batch runs with gradient sync off and the grads are reduced
     #: afterwards, by the patches module's ``finalize_backward(root)`` or the api variant's
     #: ``PublicApi.finalize``; without either (vanilla) gradient sync is turned back on, which
     #: reduces nothing already accumulated
     reduce_after_window: bool = False
-    #: whether growth of what rank 0 holds after each step (live tensors, their bytes, CUDA memory;
-    #: ``harness.train.resources``) makes a passing cell a mismatch (worst "resources: ...")
-    resource_check: bool = False
+
+    def measures(self, what: str) -> bool:
+        """Whether one of its checks needs the FSDP2 side to record ``what`` (``"resources"``)."""
+        return any(what in getattr(check, "measures", ()) for check in self.checks)
 
     def __post_init__(self) -> None:
         where = f"scenario {self.name or '(unnamed)'}"

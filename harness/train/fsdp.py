@@ -55,7 +55,7 @@ def train(scenario: Scenario, cell: Cell, utilities: dict[str, Any], rank: int, 
     model = build_model(scenario, mesh, cell.device, api=api)
     sums = measure_reduction(scenario, cell, model, mesh, device, probes, stamp)
     side = FsdpSide(scenario, cell, model, mesh, device, utilities, rank=rank, world=world, stamp=stamp)
-    measure = side.measure if rank == 0 and held.enabled(scenario.resource_check) else None  # rank 0's record
+    measure = side.measure if rank == 0 and held.enabled(scenario.measures("resources")) else None  # rank 0's record
     with collectives.recording() as side.ledger:  # the scenario's collectives only (``harness.train.ledger``)
         observed = recipe.train(scenario, side, side.named, after_step=measure)
     for snap in observed:  # filled when the snapshots were gathered

@@ -4,7 +4,7 @@ Per step, micro-batch and phase (forward, backward, scale, clip, optimizer), eac
 collective with its group size and dtype, how many were issued and their bytes. Stored
 compactly in the cell's record (``Record.ledger``: one row per distinct key) so the report
 can show where it changes between torch versions, and scenarios may declare checks on it
-(``Scenario.ledger_checks``; a violated check makes the cell a mismatch, ``worst`` says
+(``harness.train.checks.LedgerRules`` in ``Scenario.checks``; a violated rule makes the cell a mismatch, ``worst`` says
 "ledger: ...").
 
 Mechanism: while a ledger records, the collective functions of ``torch.distributed`` and of

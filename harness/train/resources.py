@@ -10,7 +10,7 @@ The harness's own snapshot copies grow by design every step; the tensors reachab
 them are left out (``exclude``).
 
 Stored compactly in the cell's record (``Record.resources``: one row per step). A scenario
-that opts in (``Scenario.resource_check``) turns a passing cell into a mismatch when the
+that lists ``harness.train.checks.ResourceGrowth`` (``Scenario.checks``) turns a passing cell into a mismatch when the
 rows grow every step after a warm-up (``growth_problems``; ``worst`` says "resources: ...").
 Only such cells measure, and only on rank 0 (whose record it is); ``FSDP_COMPAT_RESOURCES=all``
 measures every cell (the rows are stored, no verdict changes), ``=0`` none (``enabled``).
@@ -57,12 +57,12 @@ class StepResources:
                    cuda_allocated=None if row[3] is None else int(row[3]))
 
 
-def enabled(resource_check: bool) -> bool:
+def enabled(wanted: bool) -> bool:
     """Whether a cell measures: where its scenario opts in (``FSDP_COMPAT_RESOURCES=0``: nowhere,
     ``=all``: every cell). Not every cell by default: a measurement walks every object the
     garbage collector tracks (tens of milliseconds per step in a worker; see ``measure``)."""
     env = os.environ.get("FSDP_COMPAT_RESOURCES", "")
-    return env == "all" or (resource_check and env != "0")
+    return env == "all" or (wanted and env != "0")
 
 
 def tensor_ids(*containers: Any) -> set[int]:
