@@ -3,6 +3,7 @@ cell whose values matched, the first with problems naming the mismatch."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from harness.train.checks import LedgerRules, ResourceGrowth, ShardingAsDeclared, first_problem
@@ -48,3 +49,60 @@ def test_a_scenario_measures_what_its_checks_need():
 
     assert scenario(checks=(ResourceGrowth(),)).measures("resources")
     assert not scenario(checks=(LedgerRules(),)).measures("resources") and not scenario().measures("resources")
+
+
+# --- a check kind added after checks became objects: harness/train/checks.py and this file only
+
+
+def test_grad_dtype_names_each_grad_fsdp2_handed_out_in_another_dtype():
+    from harness.train.checks import GradDtype
+
+    observed = [StepTensors(step=0, grads={"a.weight": torch.ones(2, dtype=torch.bfloat16), "a.bias": torch.ones(2),
+                                           "b.weight": None}), StepTensors(step=1)]
+    assert GradDtype(torch.float32).problems(observed) == ["a.weight bfloat16 (wanted float32)"]
+    assert GradDtype(torch.float32, params=("*.bias",)).problems(observed) == []
+    assert first_problem((GradDtype(torch.float32),), observed) == "grad dtype: a.weight bfloat16 (wanted float32)"
+
+
+def _train_bf16(rank: int, store_dir: str, out: str, wanted: str) -> None:
+    import json
+
+    import torch.distributed as dist
+    from torch import nn
+
+    from harness.plan.cells import Cell
+    from harness.rank.judging import check_against_reference
+    from harness.spec import Scenario, Sharding, mean_square
+    from harness.train import fsdp
+    from harness.train.checks import GradDtype
+
+    dist.init_process_group("gloo", init_method=f"file://{store_dir}/store", rank=rank, world_size=1)
+    try:
+        scenario = Scenario(name="t", model=lambda: nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2)).to(torch.bfloat16),
+                            batch=lambda ctx: torch.randn(2, 4, dtype=torch.bfloat16),
+                            sharding=Sharding(units=("0", "1")), forward=lambda m, b, c: mean_square(m(b)),
+                            checks=(GradDtype(getattr(torch, wanted)),))
+        cell = Cell(index=0, scenario="t", variant="vanilla", device="cpu", backend="gloo", world_size=1, mesh=(1,),
+                    timeout_s=30)
+        fields = check_against_reference(scenario, fsdp.train(scenario, cell, {}, rank, 1), cell)
+        with open(out, "w") as f:
+            json.dump({k: fields.get(k) for k in ("status", "worst")}, f)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("wanted", ["float32", "bfloat16"])
+def test_a_scenario_listing_grad_dtype_is_a_mismatch_where_the_grads_have_another(tmp_path, wanted):
+    """bf16 params give bf16 grads: a scenario that wants float32 grads is a mismatch whose
+    values match; one that wants bfloat16 passes."""
+    import json
+
+    import torch.multiprocessing as mp
+
+    out = tmp_path / "fields.json"
+    mp.start_processes(_train_bf16, args=(str(tmp_path), str(out), wanted), nprocs=1, start_method="fork")
+    fields = json.loads(out.read_text())
+    if wanted == "float32":
+        assert fields["status"] == "mismatch" and fields["worst"].startswith("grad dtype: 0.weight bfloat16 (wanted"), fields
+    else:
+        assert fields["status"] == "pass", fields

@@ -15,13 +15,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from fnmatch import fnmatch
 from typing import Any, ClassVar
+
+import torch
 
 from harness.train.ledger import check_problems
 from harness.train.resources import growth_problems
 from harness.train.step import StepTensors
 
-__all__ = ["ALWAYS", "Check", "LedgerRules", "ResourceGrowth", "ShardingAsDeclared", "first_problem"]
+__all__ = ["ALWAYS", "Check", "GradDtype", "LedgerRules", "ResourceGrowth", "ShardingAsDeclared", "first_problem"]
 
 
 class Check:
@@ -81,6 +84,23 @@ class ShardingAsDeclared(Check):
     def worst(self, problems: list[str]) -> str:
         more = len(problems) - self.shown
         return f"{self.kind}: " + "; ".join(problems[:self.shown]) + (f" (and {more} more)" if more > 0 else "")
+
+
+@dataclass(frozen=True)
+class GradDtype(Check):
+    """The grads FSDP2 hands out (after accumulation, before clipping) have ``dtype``: where a
+    stack asks for grads in another dtype than the params' (``param.grad_dtype``), values that
+    match the reference do not show a dtype that was dropped."""
+
+    dtype: torch.dtype
+    #: ``fnmatch`` patterns of the parameter names it applies to
+    params: tuple[str, ...] = ("*",)
+    kind: ClassVar[str] = "grad dtype"
+
+    def problems(self, observed: list[StepTensors]) -> list[str]:
+        return [f"{name} {str(g.dtype).removeprefix('torch.')} (wanted {str(self.dtype).removeprefix('torch.')})"
+                for step in observed[:1] for name, g in step.grads.items()
+                if g is not None and g.dtype != self.dtype and any(fnmatch(name, p) for p in self.params)]
 
 
 #: the checks every cell runs after its scenario's own
