@@ -7,10 +7,12 @@ Every other module imports these names from here; nothing else defines them.
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Literal, get_args
 
 __all__ = [
     "Failure",
+    "Outcome",
     "DEFAULT_MODULE",
     "DEFAULT_WORLD_SIZES",
     "DEVICES",
@@ -107,7 +109,7 @@ PATCH_STATUSES: tuple[str, ...] = (
 )
 
 
-class Failure:
+class Failure(StrEnum):
     """The kinds of failure the harness itself writes to a record's ``exc_type`` (beside the
     names of exceptions the code under test raised), one spelling each."""
 
@@ -127,6 +129,27 @@ class Failure:
     SCENARIO_LOAD_ERROR = "ScenarioLoadError"
     #: a patch of the cell's set failed to install
     PATCH_INSTALL_ERROR = "PatchInstallError"
+
+
+class Outcome(StrEnum):
+    """What one record of a report cell says, as the verdict table reads it
+    (``harness.results.verdict.outcome`` and ``VERDICT_RULES``)."""
+
+    #: passed
+    PASS = "pass"
+    #: failed as documented
+    XFAIL = "xfail"
+    #: failed as documented, with an upstream issue to point at
+    UPSTREAM = "upstream"
+    #: failed where it should not have
+    FAIL = "fail"
+    SKIP = "skip"
+    #: a patch of its set failed to install
+    BROKEN = "broken"
+    #: the module under test has no function for a patch of the scenario
+    NOT_PROVIDED = "not-provided"
+    #: no record
+    MISSING = "missing"
 
 
 def parse_statuses(text: str | tuple[str, ...] | list[str]) -> tuple[str, ...]:

@@ -203,3 +203,11 @@ def test_a_mismatch_without_the_documented_text_is_named():
 ])
 def test_combine_patch_statuses(statuses, combined):
     assert combine_patch_statuses(statuses) == combined
+
+
+def test_a_verdict_rule_names_only_outcome_classes():
+    from harness.results.verdict import Rule
+
+    with pytest.raises(ValueError, match="'xfial' is not an outcome class"):
+        Rule(number=99, kind="*", vanilla="pass|xfial", patched="*", deployed="*", api="*", verdict="ok", meaning="typo")
+    assert {outcome(None, variant="vanilla")} == {"missing"}

@@ -52,6 +52,7 @@ from harness.vocabulary import (
     UPSTREAM_BUG,
     USE_API,
     VARIANTS,
+    Outcome,
     format_statuses,
     match_for,
 )
@@ -93,6 +94,13 @@ class Rule:
     api: str
     verdict: str
     meaning: str
+
+    def __post_init__(self) -> None:
+        for variant in VARIANTS:
+            for word in getattr(self, variant).split("|"):
+                if word != ANY and word not in Outcome.__members__.values():
+                    raise ValueError(f"verdict rule {self.number}: {variant} {word!r} is not an outcome class "
+                                     f"({', '.join(Outcome)})")
 
     def matches(self, kind: str, classes: Mapping[str, str]) -> bool:
         wanted = {"kind": self.kind, **{v: getattr(self, v) for v in VARIANTS}}
@@ -153,18 +161,18 @@ class CellVerdict:
         return bool(self.unexpected)
 
 
-def outcome(record: Record | None, *, variant: str) -> str:
+def outcome(record: Record | None, *, variant: str) -> Outcome:
     """Outcome class of one record (see ``VERDICT_RULES``)."""
     if record is None:
-        return "missing"
+        return Outcome.MISSING
     if variant != "vanilla" and record.install_errors:
-        return "broken"
+        return Outcome.BROKEN
     if variant == "patched" and any(e.get("status") == "not-provided" for n, e in record.patch_install.items()
                                     if n in record.patches):
-        return "not-provided"
+        return Outcome.NOT_PROVIDED
     if record.failed:
-        return ("upstream" if record.upstream else "xfail") if record.as_expected else "fail"
-    return "skip" if record.status == "skip" else "pass"
+        return (Outcome.UPSTREAM if record.upstream else Outcome.XFAIL) if record.as_expected else Outcome.FAIL
+    return Outcome.SKIP if record.status == "skip" else Outcome.PASS
 
 
 def match_rule(kind: str, classes: Mapping[str, str]) -> Rule:
