@@ -108,6 +108,14 @@ BUGS: tuple[Bug, ...] = (
         symptom="silent: turning gradient sync back on reduces nothing accumulated; sharded grads stay None",
         upstream="(no public call before 2.15; NVIDIA-NeMo/Automodel MoEFSDPSyncMixin)", affected="2.7 – 2.14",
         patch="finalize_backward", api="FSDPModule.set_manual_backward_finalization + finalize_backward (2.15)"),
+    Bug(letter="P", name="A tied parameter sharded in two FSDP groups (embedding tied to the output head)",
+        symptom="silent: the tie is broken, the tied weight's grad lacks the head's part; later releases: "
+                "ValueError: Parameter 'emb.weight' is shared with a parameter already managed by another FSDP group",
+        upstream="pytorch/pytorch#176076, pytorch/torchtitan#2495, huggingface/accelerate#4171",
+        affected="2.7 – 2.11 silent; refused from 2.12", api="fully_shard([emb, head]): the tied modules as one group"),
+    Bug(letter="Q", name="A frozen non-float parameter in an FSDP unit (packed weights of a quantized base)",
+        symptom="RuntimeError: only Tensors of floating point dtype can require gradients",
+        upstream="pytorch/pytorch#177844, pytorch/pytorch#185239", affected="2.7 – 2.11 (fixed in 2.12)"),
 )
 
 

@@ -18,7 +18,8 @@ class Sharding:
     """How ``fully_shard`` is applied.
 
     ``units`` are sub-module names that get their own ``fully_shard`` (in this order,
-    before the root). ``replicate`` > 1 makes an HSDP mesh ``(replicate, world // replicate)``
+    before the root); ``"a+b"`` shards both as one group (``fully_shard([a, b])``: modules
+    that share a tied parameter). ``replicate`` > 1 makes an HSDP mesh ``(replicate, world // replicate)``
     with dims ("replicate", "shard"); ``tp`` > 1 a 2-D mesh ``(world // tp, tp)`` with dims
     ("dp", "tp"), where ``tp_plan(model, tp_mesh)`` applies tensor parallelism before
     ``fully_shard`` over "dp" (the ranks of one "dp" index see the same data); else a 1-D

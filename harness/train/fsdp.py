@@ -111,8 +111,9 @@ def build_model(scenario: Scenario, mesh: DeviceMesh, device_type: str, api: Pub
         kwargs["mp_policy"] = MixedPrecisionPolicy(**fields)  # type: ignore[arg-type]
     # pinned host memory needs an accelerator; on CPU the grads stay unpinned
     kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=device_type != "cpu") if s.offload else OffloadPolicy()
-    for fqn in s.units:
-        fsdp_public.fully_shard(model.get_submodule(fqn), **kwargs)
+    for unit in s.units:  # "a+b": one group over both (tied parameters)
+        modules = [model.get_submodule(fqn) for fqn in unit.split("+")]
+        fsdp_public.fully_shard(modules if len(modules) > 1 else modules[0], **kwargs)
     fsdp_public.fully_shard(model, **kwargs)
     if s.init == "meta":
         init_on(model, materialized_on(s, _rank_device(device_type)))
