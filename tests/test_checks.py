@@ -100,7 +100,7 @@ def test_a_scenario_listing_grad_dtype_is_a_mismatch_where_the_grads_have_anothe
     import torch.multiprocessing as mp
 
     out = tmp_path / "fields.json"
-    mp.start_processes(_train_bf16, args=(str(tmp_path), str(out), wanted), nprocs=1, start_method="fork")
+    mp.start_processes(_train_bf16, args=(str(tmp_path), str(out), wanted), nprocs=1, start_method="spawn")
     fields = json.loads(out.read_text())
     if wanted == "float32":
         assert fields["status"] == "mismatch" and fields["worst"].startswith("grad dtype: 0.weight bfloat16 (wanted"), fields
