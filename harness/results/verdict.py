@@ -96,11 +96,9 @@ class Rule:
     meaning: str
 
     def __post_init__(self) -> None:
-        for variant in VARIANTS:
-            for word in getattr(self, variant).split("|"):
-                if word != ANY and word not in Outcome.__members__.values():
-                    raise ValueError(f"verdict rule {self.number}: {variant} {word!r} is not an outcome class "
-                                     f"({', '.join(Outcome)})")
+        bad = [(v, w) for v in VARIANTS for w in getattr(self, v).split("|") if w != ANY and w not in set(Outcome)]
+        if bad:
+            raise ValueError(f"verdict rule {self.number}: {bad[0][0]} {bad[0][1]!r} is not an outcome class")
 
     def matches(self, kind: str, classes: Mapping[str, str]) -> bool:
         wanted = {"kind": self.kind, **{v: getattr(self, v) for v in VARIANTS}}
@@ -113,9 +111,7 @@ def _rules(*rows: tuple[str, ...]) -> tuple[Rule, ...]:
                  for i, (k, v, p, d, a, verdict, m) in enumerate(rows, start=1))
 
 
-#: kind, vanilla, patched, deployed, api -> verdict. Outcome classes: pass, xfail (a
-#: documented failure), upstream (one with an upstream issue), fail (undocumented),
-#: skip, broken (install error), not-provided, missing.
+#: kind, vanilla, patched, deployed, api -> verdict, over outcome classes (``Outcome``).
 VERDICT_RULES: tuple[Rule, ...] = _rules(
     (ANY, "missing", "missing", "missing", ANY, NOT_RUN, "nothing recorded"),
     (PATCHED, ANY, "broken", ANY, ANY, PATCH_BROKEN, "a patch of the scenario failed to install"),
