@@ -1,6 +1,6 @@
 """Cells and references run in processes forked from a zygote (``harness.rank.forked``): what
 the worker posts and how it judges when the cell's process succeeds, aborts, hangs or exits,
-and what it records when the reference process answers, hangs or dies.
+and what it records when the referee answers, hangs or dies (``harness.rank.referee``).
 
 The function that runs a cell in the forked process is replaced by small stand-ins (chosen
 per cell index), so no torchrun and no training is involved; the store is a real TCPStore,
@@ -23,7 +23,7 @@ import torch.distributed as dist
 from harness.plan.cells import Cell
 from harness.process.tree import die_with_parent
 from harness.protocol import CellKeys, LaunchPlan, write_phase
-from harness.rank import forked, peers
+from harness.rank import forked, peers, referee
 from harness.rank.forked import Zygote
 from harness.rank.leaks import TorchAttributes
 from harness.runconfig import RunConfig
@@ -81,13 +81,13 @@ def _fake_cell_process(plan, scenarios, baseline, *, index, slot_rank0, rank, t0
         os._exit(4)
 
 
-def _fake_reference_process(plan, scenarios, *, index, installs):
-    """By cell index: answers (1), hangs (4), dies (3)."""
-    die_with_parent()
+def _fake_reference(plan, scenarios, baseline, *, index, installs):
+    """The referee's work by cell index: answers (1), answers having had to put something
+    back (2), hangs (4), dies (3)."""
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    if index == 1:
+    if index in (1, 2):
         plan.verdict_file(index).write_text(json.dumps({"status": "pass", "installs": installs}))
-        os._exit(0)
+        return index == 1
     if index == 4:
         time.sleep(60)
     os.abort()
@@ -130,7 +130,7 @@ def zygote(tmp_path, monkeypatch):
     plan.dump()
     plan.log_file.write_text(f"terminate called after throwing an instance of 'gloo::EnforceNotMet'\n  what():  {WHAT}\n")
     monkeypatch.setattr(forked, "_cell_process", _fake_cell_process)
-    monkeypatch.setattr(forked, "_reference_process", _fake_reference_process)
+    monkeypatch.setattr(referee, "_judge_one", _fake_reference)
     port = _free_port()
     z = Zygote.start(plan, {"port": port}, TorchAttributes())
     store = dist.TCPStore("127.0.0.1", port, 1, is_master=True, wait_for_workers=False)
@@ -140,11 +140,10 @@ def zygote(tmp_path, monkeypatch):
     try:
         yield z, FakeRun(plan=plan, store=store), pids
     finally:
-        os.close(z.requests)  # the zygote's loop ends
+        z.close()  # the zygote's loop ends
         for p in psutil.Process(z.pid).children(recursive=True) if psutil.pid_exists(z.pid) else []:
             p.kill()
         _reap(z.pid)
-        os.close(z.replies)
 
 
 def _reap(pid, timeout_s=10.0):
@@ -167,16 +166,43 @@ def test_the_worker_judges_a_cell_its_process_posted(zygote):
     assert _status(run, 1, 0) == peers.RankOutcome(rank=0, ok=True) and run.calls == [("judge", 1, 0, True)]
 
 
-def test_the_reference_process_answers_or_its_hang_and_death_are_named(zygote):
+def _gone(pid, timeout_s=5.0):
+    deadline = time.time() + timeout_s
+    while psutil.pid_exists(pid) and time.time() < deadline:
+        time.sleep(0.01)
+    return not psutil.pid_exists(pid)
+
+
+def test_the_referee_serves_on_until_it_had_to_put_something_back(zygote):
     z, run, pids = zygote
     fields = z.reference(run.plan, _cell(1), {"p": {"status": "installed"}}, time.time() + 10)
     assert fields == {"status": "pass", "installs": {"p": {"status": "installed"}}}
+    assert z.reference(run.plan, _cell(1), {}, time.time() + 10) == {"status": "pass", "installs": {}}
+    assert len(pids) == 1 and z.referee is not None and z.referee.pid == pids[0]  # one process, two references
+    assert z.reference(run.plan, _cell(2), {}, time.time() + 10)["status"] == "pass"  # answered, then it ends
+    assert z.referee is None and _gone(pids[0])
+    assert z.reference(run.plan, _cell(1), {}, time.time() + 10)["status"] == "pass"
+    assert len(pids) == 2 and z.referee.pid == pids[1]  # a fresh one
+
+
+def test_with_isolate_fork_a_referee_serves_one_reference(zygote):
+    z, run, pids = zygote
+    z.one_reference_each = True
+    for _ in range(2):
+        assert z.reference(run.plan, _cell(1), {}, time.time() + 10)["status"] == "pass"
+    assert len(pids) == 2 and z.referee is None and _gone(pids[0]) and _gone(pids[1])
+
+
+def test_the_referees_hang_and_death_are_named_and_the_next_reference_gets_a_fresh_one(zygote):
+    z, run, pids = zygote
     t = time.time()
     assert z.reference(run.plan, _cell(4), {}, t + 0.3) == {"status": "hang", "exc_type": "CellTimeout",
                                                            "exc_msg": "reference/compare timed out"}
-    assert time.time() - t < 5 and not psutil.pid_exists(pids[1])
+    assert time.time() - t < 5 and _gone(pids[0]) and z.referee is None
     died = z.reference(run.plan, _cell(3), {}, time.time() + 10)
     assert (died["status"], died["exc_msg"]) == ("error", "reference/compare failed: its process died: signal 6 (SIGABRT)")
+    assert len(pids) == 2 and _gone(pids[1])
+    assert z.reference(run.plan, _cell(1), {}, time.time() + 10)["status"] == "pass" and len(pids) == 3
 
 
 def test_a_non_judge_rank_killed_by_a_signal_is_posted_as_the_crash(zygote):

@@ -1,4 +1,4 @@
-"""Run a cell in a forked process per rank (CPU), and a cell's reference in a forked process.
+"""Run a cell in a forked process per rank (CPU), and cells' references in a forked process.
 
 A cell's process starts from the torch every cell starts from, whatever the cells before
 it did (isolation by construction: no list of settings to put back can be complete), and
@@ -6,8 +6,9 @@ an abort costs the cell, not the launch: cells documented to crash or hang (gloo
 process on a collective size mismatch; a desynchronized cell may hang) would otherwise end
 the whole launch and cost a relaunch (seconds of imports on every rank). The cell's process
 trains, saves what FSDP2 produced and posts its outcome; the worker judges. The judge's
-reference runs in a process of its own too (``reference``), so it never runs under the
-patch set it judges.
+reference runs in a process of its own, the *referee* (``harness.rank.referee``: kept from
+one reference to the next, fresh after any it had to put something back for), so it never
+runs under the patch set it judges.
 
 Both are forked from a *zygote*: a copy of the worker made at its start, after
 the imports and before any cell ran. Forking the worker itself after a cell would not do:
@@ -16,23 +17,26 @@ is spared) refuse autograd in a forked child ("Unable to handle autograd's threa
 combination with fork-based multiprocessing"), and the worker's own threads (watchdog, gloo,
 store) would be copied without their state. The zygote has neither.
 
-The worker asks its zygote for a process over a pipe; the zygote forks it, answers with
-its pid, waits for it and answers with its wait status. The worker waits at most the
-cell's deadline (plus grace), then kills it. When the cell's process died of a signal, the
-worker posts that as the rank's outcome, so the slot's judge records a crash naming the
-rank. The launch goes on either way. Zygote, cell and reference processes die with their
-parent (``harness.process.tree.die_with_parent``). CUDA cannot be used across ``fork``: cuda
-cells run in the workers themselves (their references, CPU-only, are still forked).
+The worker asks its zygote for a process over a socket; the zygote forks it, answers with
+its pid, waits for it and answers with its wait status (a referee it does not wait for: the
+referee's pipes travel with the request, and the worker asks the zygote to reap it once it
+has ended). The worker waits at most the cell's deadline (plus grace), then kills it. When
+the cell's process died of a signal, the worker posts that as the rank's outcome, so the
+slot's judge records a crash naming the rank. The launch goes on either way. Zygote, cell
+and referee processes die with their parent (``harness.process.tree.die_with_parent``).
+CUDA cannot be used across ``fork``: cuda cells run in the workers themselves (their
+referees, forked from a zygote that never initialized CUDA, use the GPU).
 """
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import gc
 import json
 import os
-import select
 import signal
+import socket
 import sys
 import time
 import traceback
@@ -46,6 +50,7 @@ from harness.protocol import SETUP_PHASES, CellKeys, LaunchPlan, read_phase
 from harness.rank import peers
 from harness.rank.leaks import TorchAttributes
 from harness.rank.phases import CLOCK
+from harness.rank.referee import Lines, Referee, serve_references
 from harness.rank.watchdog import Watchdog
 from harness.vocabulary import Failure
 
@@ -60,9 +65,12 @@ class Zygote:
     """The worker's end of a zygote process (``Zygote.start``)."""
 
     pid: int
-    requests: int  # fd the worker writes requests to
-    replies: int  # fd the worker reads replies from
-    _buffer: bytes = b""
+    #: requests to the zygote (a message each; a referee's pipes travel with its request)
+    channel: socket.socket
+    replies: Lines
+    #: a referee serves one reference and ends (``--isolate fork``)
+    one_reference_each: bool = False
+    referee: Referee | None = None
 
     @classmethod
     def start(cls, plan: LaunchPlan, scenarios: dict, baseline: TorchAttributes) -> Zygote | None:
@@ -70,18 +78,25 @@ class Zygote:
         ``baseline``: torch's attributes as every cell's process starts with them."""
         if not hasattr(os, "fork"):
             return None
-        req_r, req_w = os.pipe()
+        mine, its = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         rep_r, rep_w = os.pipe()
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
-            os.close(req_w)
+            mine.close()
             os.close(rep_r)
-            _serve(plan, scenarios, baseline, req_r, rep_w)
-        os.close(req_r)
+            _serve(plan, scenarios, baseline, its, rep_w)
+        its.close()
         os.close(rep_w)
-        return cls(pid=pid, requests=req_w, replies=rep_r)
+        return cls(pid=pid, channel=mine, replies=Lines(rep_r), one_reference_each=plan.config.isolate == "fork")
+
+    def close(self) -> None:
+        """End the referee and the zygote (its loop ends with the channel)."""
+        if self.referee is not None:
+            self._end_referee(kill=True, reap=False)
+        self.channel.close()
+        os.close(self.replies.fd)
 
     def run_cell(self, run, cell: Cell, *, slot_rank0: int, rank: int, t0: float) -> bool:
         """``run``'s ``cell`` in a process forked from the zygote; the slot's first rank then
@@ -113,64 +128,95 @@ class Zygote:
 
     def reference(self, plan: LaunchPlan, cell: Cell, installs: dict[str, dict[str, str]],
                   deadline: float) -> dict[str, Any]:
-        """The outcome fields of ``cell`` from a reference process
+        """The outcome fields of ``cell`` from the referee
         (``harness.rank.judging.check_against_reference`` on the snapshots its judging rank saved)."""
         verdict = plan.verdict_file(cell.index)
         verdict.unlink(missing_ok=True)
-        pid = self.fork(dict(kind="reference", index=cell.index, installs=installs))
-        status = None if pid is None else self.wait(pid, deadline)
+        referee = self.referee or self._start_referee()
+        status, timed_out = None, False
+        if referee is not None:
+            try:
+                os.write(referee.requests, (json.dumps(dict(index=cell.index, installs=installs)) + "\n").encode())
+                reply = referee.replies.read(deadline)
+            except OSError:  # it ended before the request
+                reply = None
+            if reply is not None and reply.startswith("done "):
+                if reply.endswith(" spent"):  # it left something it put back, or serves one reference
+                    self._end_referee(kill=False)
+            else:
+                timed_out = not referee.replies.ended
+                status = self._end_referee(kill=timed_out)
         try:
             return json.loads(verdict.read_text())
         except (OSError, ValueError):
             pass
-        if pid is None:
+        if referee is None:
             why = "the zygote is gone"
-        elif status is None:
+        elif timed_out:
             return dict(status="hang", exc_type=Failure.CELL_TIMEOUT, exc_msg="reference/compare timed out")
+        elif status is None:
+            why = "its process wrote no answer"
         elif os.WIFSIGNALED(status):
             why = f"its process died: signal {os.WTERMSIG(status)} ({signal.Signals(os.WTERMSIG(status)).name})"
         else:
             why = f"its process exited with code {os.WEXITSTATUS(status)}"
         return dict(status="error", exc_type=Failure.HARNESS_ERROR, exc_msg=f"reference/compare failed: {why}")
 
-    def fork(self, request: dict[str, Any]) -> int | None:
-        """The pid of a new process serving ``request`` (a cell's or a reference's); None when
-        the zygote is gone."""
+    def _start_referee(self) -> Referee | None:
+        req_r, req_w = os.pipe()
+        rep_r, rep_w = os.pipe()
+        pid = self.fork(dict(kind="referee", one_each=self.one_reference_each), fds=(req_r, rep_w))
+        os.close(req_r)
+        os.close(rep_w)
+        if pid is None:
+            os.close(req_w)
+            os.close(rep_r)
+            return None
+        self.referee = Referee(pid=pid, requests=req_w, replies=Lines(rep_r))
+        return self.referee
+
+    def _end_referee(self, *, kill: bool, reap: bool = True) -> int | None:
+        """Close the referee's pipes (it ends), killed first where ``kill``; its wait status."""
+        referee, self.referee = self.referee, None
+        assert referee is not None
+        if kill:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(referee.pid, signal.SIGKILL)
+        os.close(referee.requests)
+        os.close(referee.replies.fd)
+        if not reap:
+            return None
         try:
-            os.write(self.requests, (json.dumps(request) + "\n").encode())
+            socket.send_fds(self.channel, [json.dumps(dict(kind="reap", pid=referee.pid)).encode()], [])
+        except OSError:
+            return None
+        reply = self.replies.read(time.time() + 30)
+        return int(reply.split()[1]) if reply is not None and reply.startswith("status ") and reply[7:].isdigit() else None
+
+    def fork(self, request: dict[str, Any], fds: tuple[int, ...] = ()) -> int | None:
+        """The pid of a new process serving ``request`` (a cell's or a referee, whose pipes are
+        ``fds``); None when the zygote is gone."""
+        try:
+            socket.send_fds(self.channel, [json.dumps(request).encode()], list(fds))
         except OSError:
             return None
         deadline = time.time() + 30
-        while (reply := self._read(deadline)) is not None:
+        while (reply := self.replies.read(deadline)) is not None:
             if reply.startswith("pid "):  # (a late status of a killed cell process is skipped)
                 return int(reply.split()[1])
         return None
 
     def wait(self, pid: int, deadline: float) -> int | None:
         """The cell process's wait status; None when it overstayed (it is killed) or the zygote is gone."""
-        reply = self._read(deadline)
+        reply = self.replies.read(deadline)
         if reply is None:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-            reply = self._read(time.time() + 10)  # the zygote reaps it and reports
+            reply = self.replies.read(time.time() + 10)  # the zygote reaps it and reports
             return None
         return int(reply.split()[1]) if reply.startswith("status ") else None
-
-    def _read(self, deadline: float) -> str | None:
-        while b"\n" not in self._buffer:
-            left = deadline - time.time()
-            if left <= 0:
-                return None
-            ready, _, _ = select.select([self.replies], [], [], min(left, 1.0))
-            if ready:
-                chunk = os.read(self.replies, 4096)
-                if not chunk:
-                    return None
-                self._buffer += chunk
-        line, self._buffer = self._buffer.split(b"\n", 1)
-        return line.decode()
 
 
 def _phase(plan: LaunchPlan, global_rank: int) -> str | None:
@@ -188,22 +234,37 @@ def _note_hung_install(run, cell: Cell, keys: CellKeys, rank: int) -> None:
 
 
 # -- the zygote's side -------------------------------------------------------------------
-def _serve(plan: LaunchPlan, scenarios: dict, baseline: TorchAttributes, requests: int, replies: int) -> None:
-    """The zygote: fork a cell process per request, report its pid and wait status."""
+def _serve(plan: LaunchPlan, scenarios: dict, baseline: TorchAttributes, channel: socket.socket, replies: int) -> None:
+    """The zygote: fork a process per request (a cell's: report its pid and wait status; a
+    referee: report its pid; reap a referee when asked)."""
     code = 0
     try:
         die_with_parent()
         faulthandler.disable()  # the worker reports a cell process's death; the launch is not over
-        with os.fdopen(requests, "r") as lines:
-            for line in lines:
-                request = json.loads(line)
-                pid = os.fork()
-                if pid == 0:
-                    os.close(replies)
-                    if request.pop("kind") == "reference":
-                        _reference_process(plan, scenarios, **request)
-                    _cell_process(plan, scenarios, baseline, **request)
-                os.write(replies, f"pid {pid}\n".encode())
+        while True:
+            message, fds, _, _ = socket.recv_fds(channel, 1 << 20, 2)
+            if not message:  # the worker is gone
+                break
+            request = json.loads(message)
+            kind = request.pop("kind")
+            if kind == "reap":
+                try:
+                    _, status = os.waitpid(request["pid"], 0)
+                except ChildProcessError:
+                    status = None
+                os.write(replies, f"status {status}\n".encode())
+                continue
+            pid = os.fork()
+            if pid == 0:
+                os.close(replies)
+                channel.close()
+                if kind == "referee":
+                    serve_references(plan, scenarios, baseline, *fds, one=request["one_each"])
+                _cell_process(plan, scenarios, baseline, **request)
+            for fd in fds:
+                os.close(fd)
+            os.write(replies, f"pid {pid}\n".encode())
+            if kind == "cell":
                 _, status = os.waitpid(pid, 0)
                 os.write(replies, f"status {status}\n".encode())
     except BaseException:
@@ -232,34 +293,6 @@ def _cell_process(plan: LaunchPlan, scenarios: dict, baseline: TorchAttributes, 
         traceback.print_exc()
     finally:
         CLOCK.write(plan.phase_times_file(slot_rank0 + rank, cell=index), launch=plan.launch_id, rank=slot_rank0 + rank)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-
-
-def _reference_process(plan: LaunchPlan, scenarios: dict, *, index: int, installs: dict) -> None:
-    """The reference and the comparison of cell ``index``, written to ``plan.verdict_file``."""
-    from harness.rank.judging import check_against_reference, load_observed, scenario_for
-
-    code = 4
-    CLOCK.reset()
-    cell = plan.cell(index)
-    try:
-        die_with_parent()
-        gc.freeze()
-        try:
-            fields = check_against_reference(scenario_for(scenarios, cell), load_observed(plan.observed_file(index)),
-                                             cell, installs, references=plan.references_folder())
-        except Exception as e:  # a broken reference must not lose the cell
-            fields = dict(status="error", exc_type=type(e).__name__, exc_msg=f"reference/compare failed: {e}"[:500],
-                          traceback=traceback.format_exc()[-8000:])
-        plan.verdict_file(index).write_text(json.dumps(fields, default=str))
-        code = 0
-    except BaseException:
-        traceback.print_exc()
-    finally:
-        CLOCK.write(plan.phase_times_file(int(os.environ.get("RANK", "0")), cell=index, what="reference"),
-                    launch=plan.launch_id)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

@@ -167,22 +167,24 @@ def fold(phases: dict[str, list[float]], waited: str, inner: dict[str, list[floa
 
 
 def load_totals(folders: list[Path]) -> tuple[dict[str, list[float]], int]:
-    """Wall and CPU per phase over every phases file in ``folders`` (every rank process and
-    forked cell process of their launches), and how many processes wrote one."""
+    """Wall and CPU per phase over every phases file in ``folders`` (every rank process, forked
+    cell process and referee of their launches: a referee writes one per reference), and how
+    many processes wrote them."""
     totals: dict[str, list[float]] = {}
-    n = 0
+    writers: set[tuple[str, object]] = set()
     for folder in folders:
         for path in sorted(Path(folder).glob("*.phases")):
             try:
-                phases = json.loads(path.read_text())["phases"]
+                data = json.loads(path.read_text())
+                phases = data["phases"]
             except (OSError, ValueError, KeyError, TypeError):
                 continue
-            n += 1
+            writers.add((str(folder), data.get("pid", path.name)))
             for k, (wall, cpu) in phases.items():
                 entry = totals.setdefault(k, [0.0, 0.0])
                 entry[0] += wall
                 entry[1] += cpu
-    return totals, n
+    return totals, len(writers)
 
 
 def record_sum(phases: dict[str, list[float]] | None) -> float:
