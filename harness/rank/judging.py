@@ -1,13 +1,13 @@
 """Judging a cell: the single-process reference, the comparison with what FSDP2 produced,
 the ledger and resource checks; the record's outcome fields.
 
-The judge computes them in a *reference process*: forked from the rank's zygote
-(``harness.rank.forked``), a copy of the worker taken before any scenario or patch code
-ran, so the reference never runs under the patch set it judges (a patched
+The judge computes them in its *referee* (``harness.rank.referee``): a process forked from the
+rank's zygote (``harness.rank.forked``), a copy of the worker taken before any scenario or
+patch code ran, so the reference never runs under the patch set it judges (a patched
 ``clip_grad_norm_`` or optimizer step would otherwise be compared with itself) nor under
-anything an earlier cell left behind. The cell's process saves what FSDP2 produced
-(``save_observed``); the reference process reads it, writes its fields
-(``LaunchPlan.verdict_file``) and exits. The reference is one step at a time from what
+anything an earlier cell left behind (the referee puts back what a reference changed, and
+ends after one that changed anything). The cell's process saves what FSDP2 produced
+(``save_observed``); the referee reads it and writes its fields (``LaunchPlan.verdict_file``). The reference is one step at a time from what
 FSDP2 produced (``harness.train.reference``), so it is computed per cell, and read back by a
 later cell of the launch whose FSDP2 side produced the same tensors (``harness.train.reuse``).
 
