@@ -102,6 +102,17 @@ def test_a_change_of_torch_is_stated_once_with_the_cells_it_shows_in():
         "b [patched, vanilla; cpu, w2] (was 4× bfloat16)"]
 
 
+def test_a_change_in_many_cells_names_where_and_its_scenarios_once():
+    """One behaviour of torch seen by many cells (FSDP2 stopped all-gathering at world size 1):
+    one line naming where and the scenarios, not every cell with its numbers."""
+    records = [Record.from_json(record_fields(device="cpu", scenario=s, world_size=ws, variant=v, torch=t,
+                                              ledger=_rows() if t == "2.8.0" else _rows()[1:]))
+               for s, ws in (("a", 1), ("b", 1), ("c", 2), ("d", 1)) for v in ("vanilla", "patched")
+               for t in ("2.8.0", "2.9.1")]
+    assert version_changes(ledger_summaries(records)) == [
+        "all_gather forward gone at 2.9.1 (from 2.8.0), 8 cells at cpu w1, cpu w2, in 4 scenarios: a, b, c, d"]
+
+
 def test_describe_counts_new_and_gone():
     before, after = summarise(_rows()), summarise(_rows(backward_gathers=7)[1:])
     assert describe(before, after) == ["all_gather backward count 4 → 7, bytes 400 → 700",

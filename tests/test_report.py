@@ -3,6 +3,7 @@ decision-first lifecycle, Markdown, HTML and CSV."""
 
 from __future__ import annotations
 
+import html
 import json
 import re
 from pathlib import Path
@@ -316,3 +317,19 @@ def test_prerelease_columns_are_marked_and_their_source_named(tmp_path: Path) ->
     assert "2.15.0 (pre-release)" not in md and md.count("is a pre-release") == 1
     assert "2.16.0rc1 (pre-release)" in out["html"].read_text()
     assert sorted(set(pd.read_csv(out["csv"])["torch"])) == ["2.15.0", "2.16.0rc1"]
+
+
+def test_markdown_and_html_show_the_same_sections_in_the_same_order(records_dir: Path, tmp_path: Path) -> None:
+    """One report model (``report.sections``) rendered twice: every heading in both, in one order."""
+    from harness.results.report import sections
+    from harness.results.tables import build_tables
+
+    paths = build_report([records_dir], tmp_path / "out")
+    md = paths["md"].read_text(encoding="utf-8")
+    page = paths["html"].read_text(encoding="utf-8")
+    md_heads = [(len(h), t) for h, t in re.findall(r"^(##+) (.+)$", md, flags=re.M)]
+    html_heads = [(int(n), html.unescape(t)) for n, t in re.findall(r'<h([23]) id="[^"]*">([^<]*)</h[23]>', page)]
+    model = [(s.level, s.title) for s in sections(build_tables([records_dir]))]
+    assert md_heads == html_heads == model
+    assert any(t == "Collective changes between torch versions" for _, t in model)
+    assert [t for _, t in model].index("Scenario × torch: cpu") < [t for _, t in model].index("Environment: cpu")

@@ -69,10 +69,13 @@ def _where(device: str, scenario: str, world_size: int, variant: str) -> str:
 
 def version_changes(ledgers: Mapping[CellKey, Summary]) -> list[str]:
     """Each change of torch's collectives from one release to the next, stated once with the
-    cells it shows in: ``all_gather forward gone at 2.9.1 (from 2.8.0), 48 cells: cpu_offload
-    [deployed, vanilla; cpu, w1], ...``. A change is grouped by what changed (a kind and phase
-    gone or new, a dtype change) and the two releases; per-cell numbers (counts, bytes) follow
-    the cell they belong to."""
+    cells it shows in: ``reduce_scatter backward dtype bfloat16 → float32 at 2.15.0 (from
+    2.14.1), 2 cells: reduce_dtype_none_bf16 [deployed, vanilla; cpu, w2] (bytes 1968 →
+    3936)``. A change is grouped by what changed (a kind and phase gone or new, a dtype change)
+    and the two releases; per-cell numbers (counts, bytes) follow the cell they belong to. A
+    change seen in more than ``_LISTED`` cells names where (device, world size) and its
+    scenarios only: ``all_gather forward gone at 2.9.1 (from 2.8.0), 91 cells at cpu w1, cpu w2,
+    in 41 scenarios: b1_mixed_dtype_unused_api, ...``."""
     by_cell: dict[tuple[str, str, int, str], dict[str, Summary]] = {}
     for (device, scenario, ws, torch, variant), summary in ledgers.items():
         by_cell.setdefault((device, scenario, ws, variant), {})[torch] = summary
@@ -85,11 +88,22 @@ def version_changes(ledgers: Mapping[CellKey, Summary]) -> list[str]:
                 cells.setdefault((device, scenario, ws, detail), []).append(variant)
     out = []
     for (what, new, old), cells in sorted(groups.items(), key=lambda g: (release(g[0][1]), g[0][0])):
+        n = sum(len(v) for v in cells.values())
+        if n > _LISTED:  # one behaviour of torch: where it shows, and the scenarios it touches by name
+            where = ", ".join(f"{device} w{ws}" for device, ws in sorted({(d, w) for d, _, w, _ in cells}))
+            names = sorted({scenario for _, scenario, _, _ in cells})
+            out.append(f"{what} at {new} (from {old}), {n} cells at {where}, in {len(names)} scenarios: "
+                       f"{', '.join(names)}")
+            continue
         listed = [f"{scenario} [{', '.join(sorted(variants))}; {device}, w{ws}]" + (f" ({detail})" if detail else "")
                   for (device, scenario, ws, detail), variants in sorted(cells.items())]
-        n = sum(len(v) for v in cells.values())
         out.append(f"{what} at {new} (from {old}), {n} cell{'s' if n != 1 else ''}: {'; '.join(listed)}")
     return out
+
+
+#: a change shown in more cells than this is stated with its scenarios' names only (each cell's
+#: numbers: ``harness diff``, and the records' ledgers)
+_LISTED = 6
 
 
 def _changes(before: Summary, after: Summary) -> list[tuple[str, str, str]]:

@@ -1,19 +1,23 @@
-"""The compatibility report, decision first: ``harness.results.tables`` rendered as Markdown
-(``DataFrame.to_markdown``), HTML (pandas ``Styler`` in ``templates/report.html``) and CSV.
+"""The compatibility report, decision first: one model (``Section``s built once from
+``harness.results.tables``), rendered as Markdown and HTML (``harness.results.render``), and
+the tables as CSV.
 
-Order: what to do with each patch (per device: the lifecycle table, the deployed set,
-the patch x torch statuses); the scenario x torch heatmap (short labels, the detail in
-tooltips and in a linked details table); notes (reference adjustments, bugs that cannot
-show on the device, upstream bugs); the environment; the details; the verdict rules.
+Order: what to do with each patch (per device: the lifecycle table with the deployed set,
+then the patch x torch statuses); the scenario x torch heatmap (short labels, the detail in
+tooltips and in a linked details table) with its notes (reference adjustments, bugs that
+cannot show on the device, upstream bugs); the environment; collective changes; blind
+spots; the bug legend; the details; skipped input lines; the verdict rules.
+
+A section says what it says once: its table holds the text every format shows; HTML adds
+colours, hover titles and links from the same rows; Markdown shows a section's
+``markdown_rows`` where it is long (the details: the cells worth reading).
 
 Build it with ``python -m harness report --records runs/ --out reports``.
 """
 
 from __future__ import annotations
 
-import html
-import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,7 +25,7 @@ import pandas as pd
 
 from harness.bugs import legend_rows
 from harness.results.decisions import deployed_line, lane_notes, lifecycle, torch_columns, version_ranges
-from harness.results.safe import content_security_policy, md_text, read_report_csv, safe_id, write_report_csv
+from harness.results.safe import read_report_csv, safe_id, write_report_csv
 from harness.results.sensitivity import blind_spot_lines
 from harness.results.style import (
     ADJUSTED,
@@ -31,7 +35,6 @@ from harness.results.style import (
     OUTPUT_NAMES,
     PATCH_COLORS,
     SHORT,
-    TITLE,
     VERDICT_COLORS,
     anchor,
     css,
@@ -40,8 +43,128 @@ from harness.results.tables import LONG_COLUMNS, ReportTables, build_tables, ver
 from harness.results.verdict import rule_rows
 from harness.vocabulary import VARIANTS, VERDICTS
 
-__all__ = ["OUTPUT_NAMES", "SHORT", "VERDICT_COLORS", "build_report", "read_report_csv", "render_html",
-           "render_markdown", "write_outputs"]
+__all__ = ["OUTPUT_NAMES", "SHORT", "VERDICT_COLORS", "PATCH_COLORS", "Section", "build_report", "header",
+           "read_report_csv", "render_html", "render_markdown", "sections", "write_outputs"]
+
+
+@dataclass(kw_only=True)
+class Section:
+    """One part of the report, as every format shows it."""
+
+    title: str
+    #: the HTML id of its heading (links and tests find sections by it)
+    anchor: str
+    #: 2: a part of the report; 3: a part of the section before it
+    level: int = 2
+    #: sentences before the table (the heatmap's legend)
+    intro: list[str] = field(default_factory=list)
+    #: the table, as text; None: none
+    table: pd.DataFrame | None = None
+    #: whether the table's index is part of it (the grids' scenario and world size)
+    index: bool = False
+    #: sentences after the table, shown as a list
+    notes: list[str] = field(default_factory=list)
+    #: said where there is neither a table nor a note
+    empty: str = "None."
+    #: HTML only: the table's class, and per cell a CSS class, a hover title, a link target
+    table_class: str = ""
+    classes: pd.DataFrame | None = None
+    titles: pd.DataFrame | None = None
+    links: pd.DataFrame | None = None
+    #: HTML only: each row's id (the details rows the heatmap links to), by a column's cells
+    row_ids: tuple[str, list[str]] | None = None
+    #: Markdown only: the rows it shows (the table's columns or fewer), and a sentence saying which
+    markdown_rows: pd.DataFrame | None = None
+    markdown_intro: str = ""
+
+
+def header(tables: ReportTables) -> list[str]:
+    counts = ", ".join(f"{n} {v}" for v, n in verdict_counts(tables.cells))
+    machines = sorted({m for m in tables.environment["machine"] if m} | {h for h in tables.environment["host"] if h})
+    return [f"Patches module under test: {'; '.join(tables.modules) or '(none: vanilla cells only)'}.",
+            f"Machine: {', '.join(machines)}. Generated {tables.generated_at} from {', '.join(tables.sources)}: "
+            f"{tables.n_records} records, {len(tables.cells)} cells ({counts}); {len(tables.skipped)} skipped input lines."]
+
+
+def sections(tables: ReportTables) -> list[Section]:
+    """The report's parts, in order."""
+    out = [s for device in tables.devices for s in _patch_sections(tables, device)]
+    for device in tables.devices:
+        out += [_heatmap(tables, device), _environment(tables, device)]
+    out.append(Section(title="Collective changes between torch versions", anchor="ledger", notes=tables.ledger_changes))
+    if not tables.blind_spots.empty:
+        out.append(Section(title=BLIND_SPOTS, anchor="blind-spots", table=tables.blind_spots, table_class="blind-spots",
+                           notes=blind_spot_lines(tables.blind_spots)))
+    out.append(Section(title="Bug legend", anchor="bugs", table=pd.DataFrame(legend_rows(tables.cells["scenario"])),
+                       table_class="bugs"))
+    out.append(_details(tables.cells))
+    out.append(Section(title="Skipped input lines", anchor="skipped", notes=list(tables.skipped)))
+    out.append(Section(title="Verdict rules (first match wins)", anchor="rules", table=pd.DataFrame(rule_rows()),
+                       table_class="rules"))
+    return out
+
+
+# --------------------------------------------------------------------------- the sections
+
+
+def _patch_sections(tables: ReportTables, device: str) -> list[Section]:
+    versions = tables.versions(device)
+    life = lifecycle(tables.patches, device, versions)
+    out = [Section(title=f"What to do with each patch: {device}", anchor=safe_id(f"patches-{device}"),
+                   table=life if len(life) else None, table_class="lifecycle",
+                   notes=[deployed_line(tables.deployed, device, versions)], empty="No scenario names a patch.")]
+    grid = _patch_grid(tables, device, "status")
+    if not grid.empty:
+        out.append(Section(title=f"Patch × torch: {device}", anchor=safe_id(f"patch-grid-{device}"), level=3,
+                           table=grid, index=True, table_class="patches", classes=grid.map(lambda s: css("p", s)),
+                           titles=_patch_grid(tables, device, "detail").map(lambda d: d.replace("; ", "\n"))))
+    return out
+
+
+def _heatmap(tables: ReportTables, device: str) -> Section:
+    grid = _grid(tables, device, _label)
+    return Section(title=f"Scenario × torch: {device}", anchor=safe_id(f"verdicts-{device}"), intro=[LEGEND],
+                   table=grid, index=True, table_class="heatmap", notes=_notes(tables, device),
+                   classes=_grid(tables, device, lambda r: css("v", r["verdict"])),
+                   titles=_grid(tables, device, _title), links=_grid(tables, device, anchor))
+
+
+def _environment(tables: ReportTables, device: str) -> Section:
+    env = tables.environment[tables.environment["device"] == device].set_index("torch").drop(columns="device").T
+    env = torch_columns(env[env.ne("").any(axis=1)], tables.versions(device)).fillna("")  # rows with something
+    return Section(title=f"Environment: {device}", anchor=safe_id(f"environment-{device}"), level=3, table=env,
+                   index=True, table_class="environment")
+
+
+#: cells the Markdown details leave out (every cell is in the CSV and the HTML report)
+_ROUTINE = {"ok", "n/a"}
+_MD_TEXT = 120
+
+
+def _details(cells: pd.DataFrame) -> Section:
+    """Every cell that ran; Markdown shows those worth reading (not routine, or with a caveat
+    or an unexpected record), with the first failure's text shortened."""
+    ran = cells[cells[list(VARIANTS)].ne("").any(axis=1)]
+    cols = ["device", "scenario", "world_size", "torch", "verdict", *VARIANTS, "unexpected", "caveats",
+            *(f"{v}_exc" for v in VARIANTS), "worst", "reference_adjusted"]
+    details = ran[cols].reset_index(drop=True)
+    shown = details[~details["verdict"].isin(_ROUTINE) | details["unexpected"].ne("") | details["caveats"].ne("")]
+    first_failure = [next((f"{v}: {_short(r[f'{v}_exc'])}" for v in VARIANTS if r[f"{v}_exc"]), "")
+                     for r in shown.to_dict("records")]
+    shown = shown.assign(caveats=shown["caveats"].map(_short), failure=first_failure)
+    shown = shown[["device", "scenario", "world_size", "torch", "verdict", *VARIANTS, "unexpected", "caveats",
+                   "failure", "worst"]]
+    return Section(title="Details", anchor="details", table=details, table_class="details",
+                   classes=details.map(lambda _: "").assign(verdict=[css("v", v) for v in details["verdict"]]),
+                   row_ids=("scenario", [anchor(r) for r in details.to_dict("records")]), markdown_rows=shown,
+                   markdown_intro=f"{len(shown)} of {len(details)} cells: those whose verdict is not "
+                                  f"{' or '.join(sorted(_ROUTINE))}, or that have a caveat or an unexpected record "
+                                  "(every cell, texts in full: compat.csv, compat.html).")
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= _MD_TEXT else text[:_MD_TEXT - 1] + "…"
+
 
 def _label(row: Mapping) -> str:
     return SHORT[row["verdict"]][0] + (f" {FLAG}" if row["unexpected"] else "") + (
@@ -65,7 +188,7 @@ def _title(row: Mapping) -> str:
                      + [f"caveat: {c}" for c in row["caveats"].split("; ") if c])
 
 
-def _grid(tables: ReportTables, device: str, value) -> pd.DataFrame:
+def _grid(tables: ReportTables, device: str, value: Callable[[Mapping], str]) -> pd.DataFrame:
     mine = tables.cells[tables.cells["device"] == device]
     frame = mine.assign(_v=[value(r) for r in mine.to_dict("records")])
     pivot = frame.pivot(index=["scenario", "world_size"], columns="torch", values="_v")
@@ -77,13 +200,6 @@ def _patch_grid(tables: ReportTables, device: str, column: str) -> pd.DataFrame:
     if mine.empty:
         return pd.DataFrame()
     return torch_columns(mine.pivot(index="patch", columns="torch", values=column), tables.versions(device))
-
-
-def _details(cells: pd.DataFrame) -> pd.DataFrame:
-    ran = cells[cells[list(VARIANTS)].ne("").any(axis=1)]
-    cols = ["device", "scenario", "world_size", "torch", "verdict", *VARIANTS, "unexpected", "caveats",
-            *(f"{v}_exc" for v in VARIANTS), "worst", "reference_adjusted"]
-    return ran[cols].reset_index(drop=True)
 
 
 def _notes(tables: ReportTables, device: str) -> list[str]:
@@ -103,174 +219,30 @@ def _notes(tables: ReportTables, device: str) -> list[str]:
     return notes
 
 
-def _environment(tables: ReportTables, device: str) -> pd.DataFrame:
-    env = tables.environment[tables.environment["device"] == device].set_index("torch").drop(columns="device").T
-    return torch_columns(env[env.ne("").any(axis=1)], tables.versions(device)).fillna("")  # rows with something
-
-
-def _header(tables: ReportTables) -> list[str]:
-    counts = ", ".join(f"{n} {v}" for v, n in verdict_counts(tables.cells))
-    machines = sorted({m for m in tables.environment["machine"] if m} | {h for h in tables.environment["host"] if h})
-    return [f"Patches module under test: {'; '.join(tables.modules) or '(none: vanilla cells only)'}.",
-            f"Machine: {', '.join(machines)}. Generated {tables.generated_at} from {', '.join(tables.sources)}: "
-            f"{tables.n_records} records, {len(tables.cells)} cells ({counts}); {len(tables.skipped)} skipped input lines."]
-
-
-# --------------------------------------------------------------------------- Markdown
-
-
-def _md(frame: pd.DataFrame, *, index: bool = False) -> str:
-    """Every cell and head through ``md_text``: record text shows as text."""
-    shown = frame.map(md_text, cell=True).rename(columns=lambda c: md_text(c, cell=True))
-    return shown.to_markdown(index=index, tablefmt="pipe", disable_numparse=True) + "\n"
-
-
-#: cells the Markdown details leave out (every cell is in the CSV and the HTML report)
-_ROUTINE = {"ok", "n/a"}
-_MD_TEXT = 120
-
-
-def _details_md(cells: pd.DataFrame) -> list[str]:
-    """The details worth reading in Markdown: cells that are not routine, with the first
-    failure's text shortened (every cell, texts in full, is in the CSV and the HTML)."""
-    details = _details(cells)
-    shown = details[~details["verdict"].isin(_ROUTINE) | details["unexpected"].ne("") | details["caveats"].ne("")]
-    first_failure = [next((f"{v}: {_short(r[f'{v}_exc'])}" for v in VARIANTS if r[f"{v}_exc"]), "")
-                     for r in shown.to_dict("records")]
-    shown = shown.assign(caveats=shown["caveats"].map(_short), failure=first_failure)
-    shown = shown[["device", "scenario", "world_size", "torch", "verdict", *VARIANTS, "unexpected", "caveats",
-                   "failure", "worst"]]
-    return [f"{len(shown)} of {len(details)} cells: those whose verdict is not {' or '.join(sorted(_ROUTINE))}, "
-            f"or that have a caveat or an unexpected record (every cell, texts in full: compat.csv, compat.html).",
-            "", _md(shown)]
-
-
-def _short(text: str) -> str:
-    return text if len(text) <= _MD_TEXT else text[:_MD_TEXT - 1] + "…"
-
-
-def render_markdown(tables: ReportTables) -> str:
-    out = [f"# {TITLE}", "", *map(md_text, _header(tables)), ""]
-    for device in tables.devices:
-        versions = tables.versions(device)
-        life = lifecycle(tables.patches, device, versions)
-        out += [f"## What to do with each patch: {md_text(device)}", "",
-                _md(life) if len(life) else "No scenario names a patch.\n",
-                md_text(deployed_line(tables.deployed, device, versions)), ""]
-        grid = _patch_grid(tables, device, "status")
-        if not grid.empty:
-            out += [_md(grid.reset_index())]
-    for device in tables.devices:
-        shown = md_text(device)
-        out += [f"## Scenario × torch: {shown}", "", LEGEND, "", _md(_grid(tables, device, _label).reset_index())]
-        out += [f"### Notes: {shown}", "", *([f"- {md_text(n)}" for n in _notes(tables, device)] or ["None."]), ""]
-        out += [f"### Environment: {shown}", "", _md(_environment(tables, device).rename_axis("").reset_index())]
-    out += ["## Collective changes between torch versions", "", *(f"- {md_text(n)}" for n in tables.ledger_changes or ["None."]), ""]
-    if not tables.blind_spots.empty:
-        out += [f"## {BLIND_SPOTS}", "", _md(tables.blind_spots), *map(md_text, blind_spot_lines(tables.blind_spots)), ""]
-    out += ["## Bug legend", "", _md(pd.DataFrame(legend_rows(tables.cells["scenario"])))]
-    out += ["## Details", "", *_details_md(tables.cells), "## Skipped input lines", ""]
-    out += [f"- {md_text(line)}" for line in tables.skipped] or ["None."]
-    out += ["", "## Verdict rules (first match wins)", "", _md(pd.DataFrame(rule_rows()))]
-    return "\n".join(out).rstrip() + "\n"
-
-
-# --------------------------------------------------------------------------- HTML
-
-
-@dataclass(kw_only=True)
-class _Section:
-    title: str
-    anchor: str
-    html: str
-    notes: list[str] = field(default_factory=list)
-
-
-def _styled(frame: pd.DataFrame, *, table_class: str, classes: pd.DataFrame | None = None,
-            titles: pd.DataFrame | None = None, escape: bool = True, index: bool = True) -> str:
-    """Heads are always escaped, cells unless ``escape=False`` (already HTML), hover titles
-    always (Styler writes them into the attribute as given)."""
-    frame = frame.rename_axis(columns=None)
-    styler = frame.style.format(escape="html" if escape else None)
-    styler = styler.format_index(escape="html", axis=0).format_index(escape="html", axis=1)
-    if not index:
-        styler = styler.hide(axis="index")
-    if classes is not None:
-        styler = styler.set_td_classes(classes)
-    if titles is not None:
-        styler = styler.set_tooltips(titles.map(lambda t: html.escape(str(t), quote=True)), as_title_attribute=True)
-    return _EMPTY_STYLE.sub("", styler.to_html(table_attributes=f'class="{table_class}"'), count=1)
-
-
-_EMPTY_STYLE = re.compile(r'\A<style type="text/css">\s*</style>\s*')  # Styler's; the page's CSP allows its own only
-
-
-def _heatmap(tables: ReportTables, device: str) -> str:
-    links = _grid(tables, device, lambda r: f'<a href="#{html.escape(anchor(r))}">{html.escape(_label(r))}</a>')
-    classes = _grid(tables, device, lambda r: css("v", r["verdict"]))
-    return _styled(links, table_class="heatmap", classes=classes, titles=_grid(tables, device, _title), escape=False)
-
-
-def _details_html(cells: pd.DataFrame) -> str:
-    details = _details(cells)
-    shown = details.assign(scenario=[f'<span id="{html.escape(anchor(r))}">{html.escape(r["scenario"])}</span>'
-                                     for r in details.to_dict("records")])
-    for col in shown.columns.drop("scenario"):
-        shown[col] = [html.escape(str(v)) for v in shown[col]]
-    classes = details.map(lambda _: "").assign(verdict=[css("v", v) for v in details["verdict"]])
-    return _styled(shown, table_class="details", classes=classes, escape=False, index=False)
-
-
-def render_html(tables: ReportTables) -> str:
-    """A self-contained page: inline CSS, no scripts, no external assets; its
-    Content-Security-Policy allows that stylesheet (by hash) and nothing else."""
-    from jinja2 import Environment, FileSystemLoader, select_autoescape
-
-    sections = []
-    for device in tables.devices:
-        versions = tables.versions(device)
-        life = lifecycle(tables.patches, device, versions)
-        grid = _patch_grid(tables, device, "status")
-        body = _styled(life, table_class="lifecycle", index=False) if len(life) else "<p>No scenario names a patch.</p>"
-        body += f'<p class="deployed">{html.escape(deployed_line(tables.deployed, device, versions))}</p>'
-        if not grid.empty:
-            body += _styled(grid, table_class="patches", classes=grid.map(lambda s: css("p", s)),
-                            titles=_patch_grid(tables, device, "detail").map(lambda d: d.replace("; ", "\n")))
-        sections.append(_Section(title=f"What to do with each patch: {device}", anchor=safe_id(f"patches-{device}"), html=body))
-    for device in tables.devices:
-        sections.append(_Section(title=f"Scenario × torch: {device}", anchor=safe_id(f"verdicts-{device}"),
-                                 html=f'<p class="legend">{html.escape(LEGEND)}</p>' + _heatmap(tables, device),
-                                 notes=_notes(tables, device)))
-        sections.append(_Section(title=f"Environment: {device}", anchor=safe_id(f"environment-{device}"),
-                                 html=_styled(_environment(tables, device), table_class="environment")))
-    sections.append(_Section(title="Collective changes between torch versions", anchor="ledger", html="", notes=tables.ledger_changes))
-    if not tables.blind_spots.empty:
-        sections.append(_Section(title=BLIND_SPOTS, anchor="blind-spots", notes=blind_spot_lines(tables.blind_spots),
-                                 html=_styled(tables.blind_spots, table_class="blind-spots", index=False)))
-    bugs = _styled(pd.DataFrame(legend_rows(tables.cells["scenario"])), table_class="bugs", index=False)
-    sections.append(_Section(title="Bug legend", anchor="bugs", html=bugs))
-    sections.append(_Section(title="Details", anchor="details", html=_details_html(tables.cells)))
-    skipped = "".join(f"<li><code>{html.escape(line)}</code></li>" for line in tables.skipped)
-    sections.append(_Section(title="Skipped input lines", anchor="skipped",
-                             html=f'<ul class="skipped">{skipped}</ul>' if skipped else "<p>None.</p>"))
-    sections.append(_Section(title="Verdict rules (first match wins)", anchor="rules",
-                             html=_styled(pd.DataFrame(rule_rows()), table_class="rules", index=False)))
-    colors = [(css("v", v), c) for v, c in VERDICT_COLORS.items()] + [(css("p", s), c) for s, c in PATCH_COLORS.items()]
-    env = Environment(loader=FileSystemLoader(Path(__file__).parent / "templates"), autoescape=select_autoescape())
-    style = env.get_template("report_style.html").render(colors=colors)
-    return env.get_template("report.html").render(title=TITLE, header=_header(tables), sections=sections,
-                                                  style=style, csp=content_security_policy(styles=[style]))
-
-
 # --------------------------------------------------------------------------- files
 
 
+def render_markdown(tables: ReportTables) -> str:
+    from harness.results.render import markdown
+
+    return markdown(header(tables), sections(tables))
+
+
+def render_html(tables: ReportTables) -> str:
+    from harness.results.render import html_page
+
+    return html_page(header(tables), sections(tables))
+
+
 def write_outputs(tables: ReportTables, out_dir: str | Path) -> dict[str, Path]:
+    from harness.results.render import html_page, markdown
+
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {kind: out / name for kind, name in OUTPUT_NAMES.items()}
-    paths["md"].write_text(render_markdown(tables), encoding="utf-8")
-    paths["html"].write_text(render_html(tables), encoding="utf-8")
+    parts, lines = sections(tables), header(tables)
+    paths["md"].write_text(markdown(lines, parts), encoding="utf-8")
+    paths["html"].write_text(html_page(lines, parts), encoding="utf-8")
     write_report_csv(tables.cells, paths["csv"], columns=LONG_COLUMNS)
     write_report_csv(tables.patches, paths["patches_csv"])
     return paths
