@@ -113,7 +113,7 @@ class LaunchPlan:
         return self._file(f"cell{cell}.observed.pt")
 
     def verdict_file(self, cell: int) -> Path:
-        """The reference process's outcome fields for ``cell`` (JSON)."""
+        """The referee's outcome of ``cell`` (``CellOutcome.to_json``)."""
         return self._file(f"cell{cell}.verdict.json")
 
     def references_folder(self) -> Path:

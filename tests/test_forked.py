@@ -26,6 +26,7 @@ from harness.protocol import CellKeys, LaunchPlan, write_phase
 from harness.rank import forked, peers, referee
 from harness.rank.forked import Zygote
 from harness.rank.leaks import TorchAttributes
+from harness.results.outcome import CellOutcome
 from harness.runconfig import RunConfig
 
 WHAT = "[enforce fail at gloo/transport/tcp/pair.cc:446] op.preamble.length <= op.nbytes. 8 vs 4"
@@ -86,7 +87,7 @@ def _fake_reference(plan, scenarios, baseline, *, index, installs):
     back (2), hangs (4), dies (3)."""
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     if index in (1, 2):
-        plan.verdict_file(index).write_text(json.dumps({"status": "pass", "installs": installs}))
+        plan.verdict_file(index).write_text(json.dumps(CellOutcome(status="pass", patch_install=installs).to_json()))
         return index == 1
     if index == 4:
         time.sleep(60)
@@ -176,12 +177,12 @@ def _gone(pid, timeout_s=5.0):
 def test_the_referee_serves_on_until_it_had_to_put_something_back(zygote):
     z, run, pids = zygote
     fields = z.reference(run.plan, _cell(1), {"p": {"status": "installed"}}, time.time() + 10)
-    assert fields == {"status": "pass", "installs": {"p": {"status": "installed"}}}
-    assert z.reference(run.plan, _cell(1), {}, time.time() + 10) == {"status": "pass", "installs": {}}
+    assert fields == CellOutcome(status="pass", patch_install={"p": {"status": "installed"}})
+    assert z.reference(run.plan, _cell(1), {}, time.time() + 10) == CellOutcome(status="pass")
     assert len(pids) == 1 and z.referee is not None and z.referee.pid == pids[0]  # one process, two references
-    assert z.reference(run.plan, _cell(2), {}, time.time() + 10)["status"] == "pass"  # answered, then it ends
+    assert z.reference(run.plan, _cell(2), {}, time.time() + 10).status == "pass"  # answered, then it ends
     assert z.referee is None and _gone(pids[0])
-    assert z.reference(run.plan, _cell(1), {}, time.time() + 10)["status"] == "pass"
+    assert z.reference(run.plan, _cell(1), {}, time.time() + 10).status == "pass"
     assert len(pids) == 2 and z.referee.pid == pids[1]  # a fresh one
 
 
@@ -189,20 +190,20 @@ def test_with_isolate_fork_a_referee_serves_one_reference(zygote):
     z, run, pids = zygote
     z.one_reference_each = True
     for _ in range(2):
-        assert z.reference(run.plan, _cell(1), {}, time.time() + 10)["status"] == "pass"
+        assert z.reference(run.plan, _cell(1), {}, time.time() + 10).status == "pass"
     assert len(pids) == 2 and z.referee is None and _gone(pids[0]) and _gone(pids[1])
 
 
 def test_the_referees_hang_and_death_are_named_and_the_next_reference_gets_a_fresh_one(zygote):
     z, run, pids = zygote
     t = time.time()
-    assert z.reference(run.plan, _cell(4), {}, t + 0.3) == {"status": "hang", "exc_type": "CellTimeout",
-                                                           "exc_msg": "reference/compare timed out"}
+    assert z.reference(run.plan, _cell(4), {}, t + 0.3) == CellOutcome(status="hang", exc_type="CellTimeout",
+                                                                      exc_msg="reference/compare timed out")
     assert time.time() - t < 5 and _gone(pids[0]) and z.referee is None
     died = z.reference(run.plan, _cell(3), {}, time.time() + 10)
-    assert (died["status"], died["exc_msg"]) == ("error", "reference/compare failed: its process died: signal 6 (SIGABRT)")
+    assert (died.status, died.exc_msg) == ("error", "reference/compare failed: its process died: signal 6 (SIGABRT)")
     assert len(pids) == 2 and _gone(pids[1])
-    assert z.reference(run.plan, _cell(1), {}, time.time() + 10)["status"] == "pass" and len(pids) == 3
+    assert z.reference(run.plan, _cell(1), {}, time.time() + 10).status == "pass" and len(pids) == 3
 
 
 def test_a_non_judge_rank_killed_by_a_signal_is_posted_as_the_crash(zygote):
@@ -238,7 +239,7 @@ def test_an_exit_without_a_report_posts_the_exit_code_and_phase(zygote):
     status = _status(run, 5, 0)
     assert (status.exc_type, status.exc_msg) == ("ExitCode", "rank 0 exited with code 3 during install of patch p1")
     assert run.calls == [("judge", 5, 0, True)]
-    assert peers.blame([status], {}, 5.0)["status"] == "crash"
+    assert peers.blame([status], {}, 5.0).status == "crash"
 
 
 def test_a_hung_cell_process_is_killed_at_its_deadline_and_the_zygote_serves_on(zygote, monkeypatch):

@@ -40,7 +40,7 @@ def test_a_faithful_run_passes_with_no_quirk_and_no_finding(monkeypatch):
     monkeypatch.setattr(torch, "__version__", "2.13.0+cpu")
     s = _scenario()
     fields = judging.check_against_reference(s, _as_observed(run_reference(s, 2), False), _cell())
-    assert fields["status"] == "pass" and fields["reference_quirks"] == [] and "findings" not in fields
+    assert fields.status == "pass" and fields.reference_quirks == [] and not fields.findings
 
 
 def test_the_gloo_sum_is_modelled_where_declared_and_only_where_measured(monkeypatch):
@@ -48,10 +48,10 @@ def test_the_gloo_sum_is_modelled_where_declared_and_only_where_measured(monkeyp
     s = _scenario()
     summed = run_reference(s, 2, quirks=[GLOO_AVG_SUMS])
     fields = judging.check_against_reference(s, _as_observed(summed, True), _cell())
-    assert fields["status"] == "pass" and fields["reference_quirks"] == [GLOO_AVG_SUMS]
+    assert fields.status == "pass" and fields.reference_quirks == [GLOO_AVG_SUMS]
     # measured no sum (a fix under another name): judged against the mean
     fields = judging.check_against_reference(s, _as_observed(run_reference(s, 2), False), _cell())
-    assert fields["status"] == "pass" and fields["reference_quirks"] == []
+    assert fields.status == "pass" and fields.reference_quirks == []
 
 
 def test_a_sum_where_none_is_declared_is_a_finding_and_a_mismatch(monkeypatch):
@@ -59,19 +59,19 @@ def test_a_sum_where_none_is_declared_is_a_finding_and_a_mismatch(monkeypatch):
     summed = run_reference(s, 2, quirks=[GLOO_AVG_SUMS])
     monkeypatch.setattr(torch, "__version__", "2.10.0+cpu")  # fixed upstream in 2.9
     fields = judging.check_against_reference(s, _as_observed(summed, True), _cell())
-    assert fields["status"] == "mismatch" and fields["reference_quirks"] == []
-    assert fields["findings"] == ["gloo reduction summed where FSDP2 asks for an average (on torch 2.10.0+cpu): "
+    assert fields.status == "mismatch" and fields.reference_quirks == []
+    assert fields.findings == ["gloo reduction summed where FSDP2 asks for an average (on torch 2.10.0+cpu): "
                                   "judged against the true mean"]
     monkeypatch.setattr(torch, "__version__", "2.8.0+cpu")  # the bug's torch, but its fix is in force
     fields = judging.check_against_reference(s, _as_observed(summed, True), _cell(), {GLOO_AVG_FIX: {"status": "installed"}})
-    assert fields["status"] == "mismatch" and "with its fix installed" in fields["findings"][0]
+    assert fields.status == "mismatch" and "with its fix installed" in fields.findings[0]
 
 
 def test_a_scenario_that_reports_the_sum_itself_gets_no_quirk_and_no_finding(monkeypatch):
     monkeypatch.setattr(torch, "__version__", "2.8.0+cpu")
     s = _scenario(reference_quirks=False)
     fields = judging.check_against_reference(s, _as_observed(run_reference(s, 2, quirks=[GLOO_AVG_SUMS]), True), _cell())
-    assert fields["status"] == "mismatch" and fields["reference_quirks"] == [] and "findings" not in fields
+    assert fields.status == "mismatch" and fields.reference_quirks == [] and not fields.findings
 
 
 def test_observed_snapshots_survive_the_file_between_processes(tmp_path):

@@ -97,56 +97,56 @@ def test_connect_store_hosts_only_on_rank_0_without_an_agent(monkeypatch, agent,
 
 def test_a_ranks_own_error_beats_an_earlier_lost_connection():
     fields = blame([_failed(0, msg=LOST, t=1.0), _failed(1, "ValueError", "bad shape", t=2.0)], {}, 6.0)
-    assert fields["status"] == "error" and fields["failing_rank"] == 1
-    assert (fields["exc_type"], fields["exc_msg"], fields["traceback"]) == ("ValueError", "bad shape", "tb1")
-    assert fields["failed_ranks"] == [0, 1]
-    assert fields["rank_errors"] == {"0": f"RuntimeError: {LOST}", "1": "ValueError: bad shape"}
+    assert fields.status == "error" and fields.failing_rank == 1
+    assert (fields.exc_type, fields.exc_msg, fields.traceback) == ("ValueError", "bad shape", "tb1")
+    assert fields.failed_ranks == [0, 1]
+    assert fields.rank_errors == {"0": f"RuntimeError: {LOST}", "1": "ValueError: bad shape"}
 
 
 def test_the_first_own_error_wins_and_ties_go_to_the_lower_rank():
     fields = blame([RankOutcome(rank=0, ok=True), _failed(2, t=3.0), _failed(3, t=3.0), _failed(1, t=5.0)], {}, 6.0)
-    assert fields["failing_rank"] == 2 and fields["failed_ranks"] == [1, 2, 3]
+    assert fields.failing_rank == 2 and fields.failed_ranks == [1, 2, 3]
 
 
 def test_only_lost_connections_blame_the_first_to_lose_it():
     fields = blame([_failed(0, msg=LOST, t=2.0), _failed(1, msg="Connection reset by peer", t=1.0)], {}, 6.0)
-    assert (fields["status"], fields["failing_rank"]) == ("error", 1)
+    assert (fields.status, fields.failing_rank) == ("error", 1)
 
 
 def test_a_rank_killed_by_a_signal_is_the_crash():
     died = _failed(1, "Signal", "rank 1 died: signal 6 (SIGABRT)", t=2.0)
     fields = blame([_failed(0, msg=LOST, t=1.0), died, _failed(2, "ValueError", t=0.5)], {}, 6.0)
-    assert (fields["status"], fields["exc_type"], fields["failing_rank"]) == ("crash", "Signal", 1)
-    assert fields["exc_msg"] == "rank 1 died: signal 6 (SIGABRT)" and fields["failed_ranks"] == [0, 1, 2]
+    assert (fields.status, fields.exc_type, fields.failing_rank) == ("crash", "Signal", 1)
+    assert fields.exc_msg == "rank 1 died: signal 6 (SIGABRT)" and fields.failed_ranks == [0, 1, 2]
 
 
 def test_of_two_ranks_killed_the_first_is_the_crash():
     fields = blame([_failed(0, "Signal", "rank 0 died: signal 9 (SIGKILL)", t=4.0),
                     _failed(1, "Signal", "rank 1 died: signal 6 (SIGABRT)", t=3.0)], {}, 6.0)
-    assert (fields["failing_rank"], fields["exc_msg"]) == (1, "rank 1 died: signal 6 (SIGABRT)")
+    assert (fields.failing_rank, fields.exc_msg) == (1, "rank 1 died: signal 6 (SIGABRT)")
 
 
 def test_a_rank_that_never_reported_is_blamed_for_the_hang():
     waiting = _timeout(0, "step 1 micro-batch 0 backward", in_collective=True)
     fields = blame([waiting], {1: "step 2 clip"}, 6.0)  # never reported: blamed, wherever it was
-    assert (fields["status"], fields["exc_type"], fields["failing_rank"]) == ("hang", "CellTimeout", 1)
-    assert fields["failed_ranks"] == [0, 1] and fields["traceback"] is None
-    assert fields["exc_msg"] == (
+    assert (fields.status, fields.exc_type, fields.failing_rank) == ("hang", "CellTimeout", 1)
+    assert fields.failed_ranks == [0, 1] and fields.traceback is None
+    assert fields.exc_msg == (
         "no result within 6 s: rank(s) [1] did not arrive (rank 0 waited in a collective in wait0 (x.py:0) "
         "during 'step 1 micro-batch 0 backward'; rank 1 never reported (last in 'step 2 clip'))")
 
 
 def test_an_own_error_beats_a_rank_that_never_reported():
     fields = blame([_failed(0, "ValueError", "bad")], {1: None}, 6.0)
-    assert (fields["status"], fields["failing_rank"], fields["failed_ranks"]) == ("error", 0, [0, 1])
+    assert (fields.status, fields.failing_rank, fields.failed_ranks) == ("error", 0, [0, 1])
 
 
 def test_a_rank_stuck_in_its_own_code_is_blamed_over_one_waiting_in_a_collective():
     own = _timeout(1, "step 0 clip", in_collective=False)
     fields = blame([_timeout(0, "step 0 micro-batch 0 forward", in_collective=True), own], {}, 6.0)
-    assert (fields["status"], fields["failing_rank"], fields["traceback"]) == ("hang", 1, "tb1")
-    assert fields["exc_msg"].startswith("no result within 6 s: rank(s) [1] did not arrive (")
-    assert "rank 1 was in wait1 (x.py:1) during 'step 0 clip'" in fields["exc_msg"]
+    assert (fields.status, fields.failing_rank, fields.traceback) == ("hang", 1, "tb1")
+    assert fields.exc_msg.startswith("no result within 6 s: rank(s) [1] did not arrive (")
+    assert "rank 1 was in wait1 (x.py:1) during 'step 0 clip'" in fields.exc_msg
 
 
 def test_ranks_all_in_collectives_blame_the_one_furthest_behind():
@@ -154,26 +154,26 @@ def test_ranks_all_in_collectives_blame_the_one_furthest_behind():
                 _timeout(1, "step 0 micro-batch 1 backward", in_collective=True),
                 _failed(2, msg=LOST, phase="step 1 clip")]
     fields = blame(outcomes, {}, 6.0)
-    assert (fields["status"], fields["failing_rank"]) == ("hang", 1)
-    assert "rank(s) [1] did not arrive" in fields["exc_msg"] and "rank 2 lost its peers during 'step 1 clip'" in fields["exc_msg"]
+    assert (fields.status, fields.failing_rank) == ("hang", 1)
+    assert "rank(s) [1] did not arrive" in fields.exc_msg and "rank 2 lost its peers during 'step 1 clip'" in fields.exc_msg
 
 
 def test_ranks_at_the_same_place_are_all_named():
     fields = blame([_timeout(r, "step 0 clip", in_collective=True) for r in (0, 1)], {}, 2.5)
-    assert (fields["status"], fields["failing_rank"]) == ("hang", 0)
-    assert fields["exc_msg"].startswith("no result within 2.5 s: rank(s) [0, 1] (rank 0 waited")
+    assert (fields.status, fields.failing_rank) == ("hang", 0)
+    assert fields.exc_msg.startswith("no result within 2.5 s: rank(s) [0, 1] (rank 0 waited")
 
 
 def test_one_rank_that_timed_out_is_the_hang():
     fields = blame([_timeout(0, "step 0 micro-batch 0 forward", in_collective=False)], {}, 6.0)
-    assert (fields["status"], fields["failing_rank"], fields["failed_ranks"]) == ("hang", 0, [0])
-    assert fields["exc_msg"] == ("no result within 6 s: rank(s) [0] (rank 0 was in wait0 (x.py:0) during "
+    assert (fields.status, fields.failing_rank, fields.failed_ranks) == ("hang", 0, [0])
+    assert fields.exc_msg == ("no result within 6 s: rank(s) [0] (rank 0 was in wait0 (x.py:0) during "
                                  "'step 0 micro-batch 0 forward')")
 
 
 def test_a_crash_counts_a_rank_that_never_reported_as_failed():
     fields = blame([_failed(0, "Signal", "rank 0 died: signal 6 (SIGABRT)")], {1: "step 0 clip"}, 6.0)
-    assert fields["status"] == "crash" and fields["failed_ranks"] == [0, 1]
+    assert fields.status == "crash" and fields.failed_ranks == [0, 1]
 
 
 # --------------------------------------------------------------------------- sockets

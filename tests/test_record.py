@@ -6,8 +6,15 @@ import json
 import pytest
 
 from harness.plan.cells import Cell
+from harness.results.outcome import CellOutcome
 from harness.results.reading import load_records
 from harness.results.record import SCHEMA, Record, RecordError, append, finish, new_record
+
+
+def _new(cell, *, run_id, launch_id, patches_module, t0, **outcome):
+    """A record of ``cell`` built from its typed outcome."""
+    return new_record(cell, CellOutcome(**outcome), run_id=run_id, launch_id=launch_id, patches_module=patches_module,
+                      t0=t0)
 
 
 def _cell(**kw):
@@ -18,7 +25,7 @@ def _cell(**kw):
 
 
 def test_round_trip_through_a_records_file(tmp_path):
-    rec = new_record(_cell(), run_id="r", launch_id="L1", patches_module="fsdp_patches", t0=1_700_000_000.0,
+    rec = _new(_cell(), run_id="r", launch_id="L1", patches_module="fsdp_patches", t0=1_700_000_000.0,
                      status="error", exc_type="AssertionError",
                      exc_msg="FSDP reduce-scatter expects uniform gradient dtype but got {bf16, fp32}",
                      failed_ranks=[0, 1], rank_errors={"1": "AssertionError: x"}, diffs=[{"step": 0, "ok": True}],
@@ -36,7 +43,7 @@ def test_round_trip_through_a_records_file(tmp_path):
 
 
 def test_the_expectation_travels_on_the_cell():
-    rec = new_record(_cell(expected=("pass",), expected_match=None), run_id="r", launch_id="L", patches_module="m",
+    rec = _new(_cell(expected=("pass",), expected_match=None), run_id="r", launch_id="L", patches_module="m",
                      t0=0.0, status="mismatch", worst="step 0 grad w")
     assert not finish(rec, 0.0).as_expected
     assert (rec.scenario, rec.variant, rec.world_size, rec.mesh, rec.installed_patches) == (
@@ -52,14 +59,14 @@ def test_the_expectation_travels_on_the_cell():
     ({"schema": 99}, "unsupported schema 99"),
 ])
 def test_bad_fields_are_named(change, problem):
-    good = new_record(_cell(), run_id="r", launch_id="L", patches_module="m", t0=0.0, status="pass")
+    good = _new(_cell(), run_id="r", launch_id="L", patches_module="m", t0=0.0, status="pass")
     data = json.loads(good.to_json()) | change
     with pytest.raises(RecordError, match=problem.replace("(", r"\(").replace("|", r"\|")):
         Record.from_json(data)
 
 
 def test_unknown_keys_are_ignored_and_missing_ones_named():
-    good = json.loads(new_record(_cell(), run_id="r", launch_id="L", patches_module="m", t0=0.0,
+    good = json.loads(_new(_cell(), run_id="r", launch_id="L", patches_module="m", t0=0.0,
                                  status="pass").to_json())
     assert Record.from_json(good | {"from_the_future": 1}).status == "pass"
     del good["scenario"]

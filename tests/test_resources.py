@@ -125,7 +125,7 @@ def _train_and_judge(rank: int, store_dir: str, out: str, opt_in: bool) -> None:
         if rank == 0:
             fields = check_against_reference(scenario, observed, cell)
             with open(out, "w") as f:
-                json.dump({k: fields[k] for k in ("status", "worst", "resources")}, f)
+                json.dump({k: getattr(fields, k) for k in ("status", "worst", "resources")}, f)
     finally:
         dist.destroy_process_group()
 

@@ -31,8 +31,8 @@ def _cell(fault):
 def test_a_modelled_loss_fault_is_caught_in_every_parameter_it_changes(fault):
     observed = run_reference(faulty_forward(BASE, FAULTS[fault]), 2)
     fields = judging.check_against_reference(BASE, observed, _cell(fault))
-    assert fields["status"] == "mismatch" and fields["fault_missed"] == []
-    assert fields["fault_affected"] == sorted(n for n, _ in MLP().named_parameters())
+    assert fields.status == "mismatch" and fields.fault_missed == []
+    assert fields.fault_affected == sorted(n for n, _ in MLP().named_parameters())
 
 
 def test_what_the_checks_cannot_see_is_named(monkeypatch):
@@ -40,7 +40,7 @@ def test_what_the_checks_cannot_see_is_named(monkeypatch):
     monkeypatch.setitem(compare.TOLERANCES, torch.float32, compare.Tolerance(dtype="float32", rel=10.0))
     observed = run_reference(faulty_forward(BASE, FAULTS["double_rank"]), 2)
     fields = judging.check_against_reference(BASE, observed, _cell("double_rank"))
-    assert fields["fault_missed"] == fields["fault_affected"] and fields["fault_missed"]
+    assert fields.fault_missed == fields.fault_affected and fields.fault_missed
 
 
 def test_only_cells_documented_to_pass_are_planned_with_a_fault():

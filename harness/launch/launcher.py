@@ -39,6 +39,7 @@ from harness.process.crashlog import crash_cause, exit_message, fatal_signal, ta
 from harness.process.gpus import gpu_slice, skip_reason, visible_gpus, worker_slot
 from harness.protocol import IDLE, LaunchPlan, phase_words, read_exit, read_phase
 from harness.results import record
+from harness.results.outcome import CellOutcome
 from harness.runconfig import RunConfig
 from harness.undertest.locations import import_root, worker_spec
 from harness.vocabulary import Failure
@@ -291,8 +292,8 @@ def _outside(cell: Cell, opts: LaunchOptions, status: str, t0: float, log_path: 
     """A record written by the launcher for a cell its launch could not finish."""
     if log_path is not None:
         fields.update(log=str(log_path), traceback=tail(log_path, 60))
-    rec = record.new_record(cell, run_id=opts.run_id, launch_id="launcher", patches_module=opts.config.patches,
-                            patches_module_id=opts.patches_module_id, t0=t0, status=status,
-                            order_seed=opts.config.shuffle, **fields)
+    rec = record.new_record(cell, CellOutcome(status=status, **fields), run_id=opts.run_id, launch_id="launcher",
+                            patches_module=opts.config.patches, patches_module_id=opts.patches_module_id, t0=t0,
+                            order_seed=opts.config.shuffle)
     record.append(opts.out_path, record.finish(rec, t0))
     return rec

@@ -14,6 +14,7 @@ from pathlib import Path
 from harness.launch.launcher import LaunchOptions, RunResult, run_cells
 from harness.launch.outpath import prepare_out
 from harness.plan.cells import Cell, all_patch_names, plan_cells
+from harness.results.outcome import CellOutcome
 from harness.results.record import Record, append, finish, new_record
 from harness.runconfig import RunConfig
 from harness.scenario.load import LoadError, load_scenarios, select
@@ -101,8 +102,8 @@ def _load_error_record(error: LoadError, opts: LaunchOptions) -> Record:
     cell = Cell(index=-1, scenario=error.name, variant="vanilla", device=config.devices[0], backend="", world_size=0,
                 mesh=(), timeout_s=0.0, why="the scenario file must load")
     now = time.time()
-    rec = new_record(cell, run_id=opts.run_id, launch_id="loader", patches_module=config.patches, t0=now,
-                     status="error", exc_type=Failure.SCENARIO_LOAD_ERROR, exc_msg=f"scenario file failed to load: {error}")
+    outcome = CellOutcome(status="error", exc_type=Failure.SCENARIO_LOAD_ERROR, exc_msg=f"scenario file failed to load: {error}")
+    rec = new_record(cell, outcome, run_id=opts.run_id, launch_id="loader", patches_module=config.patches, t0=now)
     append(opts.out_path, finish(rec, now))
     if opts.on_record is not None:
         opts.on_record(rec)

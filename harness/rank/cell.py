@@ -40,6 +40,7 @@ from harness.rank.skips import skip_fields
 from harness.rank.state import GlobalState
 from harness.rank.watchdog import CellTimeout, Watchdog
 from harness.results import record
+from harness.results.outcome import CellOutcome
 from harness.scenario.spec import Scenario
 from harness.undertest.install import install_set, load_patches_module
 from harness.undertest.undo import PatchUndo, forget_module
@@ -111,8 +112,9 @@ class CellRun:
             if self.forked:  # the patch set's own changes count as the cell's
                 with CLOCK.timed("state"):
                     before = CellState.take()
-            outcome.prepared = self._prepare(cell) or None
-            if not outcome.prepared:
+            prepared = self._prepare(cell)
+            outcome.prepared = prepared.to_json() if prepared is not None else None
+            if prepared is None:
                 if before is None:
                     with CLOCK.timed("state"):
                         before = CellState.take()
@@ -185,9 +187,9 @@ class CellRun:
         mine = next((o for o in outcomes if o.rank == 0), peers.RankOutcome(rank=0, ok=False))
         if missing or not all(o.ok for o in outcomes):
             phases = {r: read_phase(self.plan.stamp_file(slot_rank0 + r)) for r in missing}
-            fields = peers.blame(outcomes, phases, cell.timeout_s)
+            outcome = peers.blame(outcomes, phases, cell.timeout_s)
         else:
-            fields = mine.prepared or self._verdict(cell, mine)
+            outcome = CellOutcome.from_json(mine.prepared) if mine.prepared else self._verdict(cell, mine)
         left = [*mine.left_state, *(f"{c} (rank {o.rank})" for o in outcomes if o.rank != 0 for c in o.left_state
                                     if c not in mine.left_state)]
         CLOCK.enter("record")
@@ -195,22 +197,22 @@ class CellRun:
         if forked:
             phases = fold(phases, "forked cell", read_totals(self.plan.phase_times_file(slot_rank0, cell=cell.index)))
         phases = fold(phases, "reference", read_totals(self.plan.phase_times_file(slot_rank0, cell.index, "reference")))
-        rec = record.new_record(cell, run_id=self.plan.run_id, launch_id=self.plan.launch_id,
-                                patches_module=self.plan.config.patches,
-                                patches_module_id=self.plan.patches_module_id, t0=t0, order_seed=self.plan.config.shuffle,
-                                patch_install=mine.patch_install, patch_changes=mine.patch_changes,
-                                left_state=list(dict.fromkeys(left)), phases=phases, **fields)
+        outcome.update(patch_install=mine.patch_install, patch_changes=mine.patch_changes,
+                       left_state=list(dict.fromkeys(left)), phases=phases)
+        rec = record.new_record(cell, outcome, run_id=self.plan.run_id, launch_id=self.plan.launch_id,
+                                patches_module=self.plan.config.patches, patches_module_id=self.plan.patches_module_id,
+                                t0=t0, order_seed=self.plan.config.shuffle)
         record.append(self.plan.out_path, record.finish(rec, t0))
         self.store.set(keys.keep_group, "1" if keep_group(outcomes, missing) else "0")
         self.store.set(keys.healthy, "1" if not missing and all(o.ok for o in outcomes) else "0")
         self.store.set(keys.recorded, "1")
         return missing
 
-    def _verdict(self, cell: Cell, mine: peers.RankOutcome) -> dict[str, Any]:
+    def _verdict(self, cell: Cell, mine: peers.RankOutcome) -> CellOutcome:
         """The reference and the comparison, in a process of their own where one can be forked."""
         path = self.plan.observed_file(cell.index)
         if not mine.observed or not path.exists():
-            return dict(status="error", exc_type=Failure.HARNESS_ERROR, exc_msg="the judging rank saved no snapshots")
+            return CellOutcome(status="error", exc_type=Failure.HARNESS_ERROR, exc_msg="the judging rank saved no snapshots")
         if self.plan.config.dump:
             dump(self.plan.config.dump, cell, path)
         with CLOCK.timed("reference"):
@@ -219,14 +221,14 @@ class CellRun:
             try:  # no fork on this platform: here, with whatever the patch set changed
                 return check_against_reference(scenario_for(self.scenarios, cell), load_observed(path), cell, mine.patch_install)
             except Exception as e:
-                return dict(status="error", exc_type=type(e).__name__, exc_msg=f"reference/compare failed: {e}"[:500],
-                            traceback=traceback.format_exc()[-8000:])
+                return CellOutcome(status="error", exc_type=type(e).__name__, exc_msg=f"reference/compare failed: {e}"[:500],
+                                   traceback=traceback.format_exc()[-8000:])
 
     # -- steps ------------------------------------------------------------------------
-    def _prepare(self, cell: Cell) -> dict[str, Any]:
-        """Install the cell's patch set; fields of a record that needs no training, or {}."""
+    def _prepare(self, cell: Cell) -> CellOutcome | None:
+        """Install the cell's patch set; the outcome of a cell that needs no training, or None."""
         if cell.patches in self.hung_sets:
-            return dict(status="hang", exc_type=Failure.CELL_TIMEOUT, exc_msg=f"not run: installing this patch set hung in "
+            return CellOutcome(status="hang", exc_type=Failure.CELL_TIMEOUT, exc_msg=f"not run: installing this patch set hung in "
                         f"cell {self.hung_sets[cell.patches]} of this launch")
         try:
             self._activate(cell.patches)
@@ -236,11 +238,11 @@ class CellRun:
         errors = [f"patch install error: {n}: {self.installs[n]['reason']}" for n in cell.patches
                   if self.installs.get(n, {}).get("status") == "error"]
         if errors:
-            return dict(status="error", exc_type=Failure.PATCH_INSTALL_ERROR, exc_msg=errors[0])
+            return CellOutcome(status="error", exc_type=Failure.PATCH_INSTALL_ERROR, exc_msg=errors[0])
         missing = [n for n in cell.scenario_patches if n in cell.patches
                    and self.installs.get(n, {}).get("status") == "not-provided"]
         if missing and cell.variant in ("patched", "api"):  # it would run as vanilla, to no purpose
-            return dict(status="skip", reason=f"not provided by the module under test: {', '.join(missing)}")
+            return CellOutcome(status="skip", reason=f"not provided by the module under test: {', '.join(missing)}")
         return skip_fields(cell, self.scenarios[cell.scenario])
 
     def _activate(self, names: tuple[str, ...]) -> None:

@@ -52,6 +52,7 @@ from harness.rank.leaks import TorchAttributes
 from harness.rank.phases import CLOCK
 from harness.rank.referee import Lines, Referee, serve_references
 from harness.rank.watchdog import Watchdog
+from harness.results.outcome import CellOutcome
 from harness.vocabulary import Failure
 
 __all__ = ["Zygote"]
@@ -127,8 +128,8 @@ class Zygote:
         return True
 
     def reference(self, plan: LaunchPlan, cell: Cell, installs: dict[str, dict[str, str]],
-                  deadline: float) -> dict[str, Any]:
-        """The outcome fields of ``cell`` from the referee
+                  deadline: float) -> CellOutcome:
+        """The outcome of ``cell`` from the referee
         (``harness.rank.judging.check_against_reference`` on the snapshots its judging rank saved)."""
         verdict = plan.verdict_file(cell.index)
         verdict.unlink(missing_ok=True)
@@ -147,20 +148,20 @@ class Zygote:
                 timed_out = not referee.replies.ended
                 status = self._end_referee(kill=timed_out)
         try:
-            return json.loads(verdict.read_text())
-        except (OSError, ValueError):
+            return CellOutcome.from_json(json.loads(verdict.read_text()))
+        except (OSError, ValueError, TypeError):
             pass
         if referee is None:
             why = "the zygote is gone"
         elif timed_out:
-            return dict(status="hang", exc_type=Failure.CELL_TIMEOUT, exc_msg="reference/compare timed out")
+            return CellOutcome(status="hang", exc_type=Failure.CELL_TIMEOUT, exc_msg="reference/compare timed out")
         elif status is None:
             why = "its process wrote no answer"
         elif os.WIFSIGNALED(status):
             why = f"its process died: signal {os.WTERMSIG(status)} ({signal.Signals(os.WTERMSIG(status)).name})"
         else:
             why = f"its process exited with code {os.WEXITSTATUS(status)}"
-        return dict(status="error", exc_type=Failure.HARNESS_ERROR, exc_msg=f"reference/compare failed: {why}")
+        return CellOutcome(status="error", exc_type=Failure.HARNESS_ERROR, exc_msg=f"reference/compare failed: {why}")
 
     def _start_referee(self) -> Referee | None:
         req_r, req_w = os.pipe()

@@ -1,5 +1,5 @@
 """Judging a cell: the single-process reference, the comparison with what FSDP2 produced,
-the ledger and resource checks; the record's outcome fields.
+the ledger and resource checks; the cell's outcome (``CellOutcome``).
 
 The judge computes them in its *referee* (``harness.rank.referee``): a process forked from the
 rank's zygote (``harness.rank.forked``), a copy of the worker taken before any scenario or
@@ -22,12 +22,12 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from harness.plan.cells import Cell
 from harness.rank.phases import CLOCK
+from harness.results.outcome import CellOutcome
 from harness.scenario.spec import Scenario
 from harness.scenario.symptoms import Evidence
 from harness.train import compare
@@ -54,8 +54,8 @@ def scenario_for(scenarios: dict[str, Scenario], cell: Cell) -> Scenario:
 
 
 def check_against_reference(scenario: Scenario, observed: list[StepTensors], cell: Cell,
-          installs: dict[str, dict[str, str]] | None = None, references: Path | None = None) -> dict[str, Any]:
-    """The outcome fields of a cell whose every rank trained: the reference (one step at a
+          installs: dict[str, dict[str, str]] | None = None, references: Path | None = None) -> CellOutcome:
+    """The outcome of a cell whose every rank trained: the reference (one step at a
     time from ``observed``), the comparison, the ledger and resource checks. ``installs``:
     the cell's patch install outcomes (whether the gloo AVG fix is in force); ``references``:
     the launch's folder of references to reuse (``harness.train.reuse``)."""
@@ -80,28 +80,26 @@ def check_against_reference(scenario: Scenario, observed: list[StepTensors], cel
                                                         device=device))
     CLOCK.enter("compare")
     result = compare.compare_runs(observed, reference)
-    fields = {**result.as_record_fields(), "reference_quirks": quirks, "status": "pass" if result.ok else "mismatch"}
-    if findings:
-        fields["findings"] = findings
-    fields["ledger"] = observed[0].ledger if observed else None
-    fields["resources"] = observed[0].resources if observed else None
+    out = CellOutcome(**result.as_record_fields(), reference_quirks=quirks, status="pass" if result.ok else "mismatch",
+                      findings=findings, ledger=observed[0].ledger if observed else None,
+                      resources=observed[0].resources if observed else None)
     if result.ok and (worst := first_problem(scenario.checks, observed)):
-        fields.update(status="mismatch", worst=worst)
+        out.update(status="mismatch", worst=worst)
     if result.reference_nonfinite:
-        fields.update(status="error", exc_type=Failure.SCENARIO_ERROR,
+        out.update(status="error", exc_type=Failure.SCENARIO_ERROR,
                       exc_msg=f"the reference itself is non-finite ({', '.join(result.reference_nonfinite[:3])}): "
                               "the scenario is wrong, not FSDP2")
     expect = scenario.expected(variant=cell.variant, torch_version=torch.__version__, device=cell.device,
                                world_size=cell.world_size)
-    if fields["status"] == "mismatch" and expect.symptom is not None and cell.fault is None:
+    if out.status == "mismatch" and expect.symptom is not None and cell.fault is None:
         saw = expect.symptom(Evidence(observed=observed, reference=reference, world_size=cell.world_size,
                                       failed=[d for d in result.diffs if not d.ok]))
-        fields.update(symptom_seen=saw is None, symptom=saw or "seen")
+        out.update(symptom_seen=saw is None, symptom=saw or "seen")
     if cell.fault is not None:
         affected = _affected(scenario, cell, reference, quirks, device)
         caught = {d.name for d in result.diffs if d.step == 0 and not d.ok and d.kind in ("grad", "presence", "replicas")}
-        fields.update(fault=cell.fault, fault_affected=sorted(affected), fault_missed=sorted(affected - caught))
-    return fields
+        out.update(fault=cell.fault, fault_affected=sorted(affected), fault_missed=sorted(affected - caught))
+    return out
 
 
 #: the reference's caveat where a cuda cell's reference could not run on the GPU

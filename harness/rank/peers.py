@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from harness.protocol import CellKeys, phase_key
 from harness.rank.watchdog import CellTimeout, Watchdog
+from harness.results.outcome import CellOutcome
 from harness.vocabulary import Failure
 
 __all__ = ["RankOutcome", "blame", "collect_outcomes", "connect_store", "failure", "post", "shutdown_peer_sockets",
@@ -47,7 +48,7 @@ class RankOutcome:
     left_state: list[str] = field(default_factory=list)
     #: the sequence number of the default group after the cell (``harness.rank.groups``); None: no group
     group_seq: int | None = None
-    #: the record fields of a cell that did not train (a skip, a patch install error), decided by this rank
+    #: the outcome of a cell that did not train (a skip, a patch install error), decided by this rank (``CellOutcome.to_json``)
     prepared: dict[str, Any] | None = None
     #: the judging rank's: its patch set's install outcomes, the torch functions and methods the
     #: install replaced (``harness.rank.leaks``), and whether it saved what FSDP2 produced
@@ -101,8 +102,8 @@ def wait(store: dist.Store, keys: list[str], timeout_s: float) -> bool:
         return False
 
 
-def blame(outcomes: list[RankOutcome], missing: dict[int, str | None], timeout_s: float) -> dict[str, Any]:
-    """Record fields for the root cause.
+def blame(outcomes: list[RankOutcome], missing: dict[int, str | None], timeout_s: float) -> CellOutcome:
+    """The cell's outcome: its root cause.
 
     A rank's own error beats a peer's connection loss. A hang (the deadline passed) is
     blamed on the ranks that did not arrive: those that never reported, else those whose
@@ -114,16 +115,16 @@ def blame(outcomes: list[RankOutcome], missing: dict[int, str | None], timeout_s
     dead = [o for o in failed if o.exc_type in (Failure.SIGNAL, Failure.EXIT_CODE)]
     if dead:
         first = min(dead, key=lambda o: (o.t_fail or 0.0, o.rank))
-        return dict(status="crash", exc_type=first.exc_type, exc_msg=first.exc_msg, failing_rank=first.rank,
-                    traceback=first.traceback, failed_ranks=sorted({o.rank for o in failed} | set(missing)),
-                    rank_errors=rank_errors)
+        return CellOutcome(status="crash", exc_type=first.exc_type, exc_msg=first.exc_msg, failing_rank=first.rank,
+                           traceback=first.traceback, failed_ranks=sorted({o.rank for o in failed} | set(missing)),
+                           rank_errors=rank_errors)
     own = [o for o in failed if not o.comm_failure and not o.timed_out]
     phases = {o.rank: o.phase for o in outcomes} | missing
     fields: dict[str, Any] = dict(failed_ranks=sorted({o.rank for o in failed} | set(missing)), rank_errors=rank_errors)
     if own or not (missing or any(o.timed_out for o in failed)):
         primary = sorted(own or failed, key=lambda o: (o.comm_failure, o.t_fail or 0.0, o.rank))[0]
-        return fields | dict(status="error", exc_type=primary.exc_type, exc_msg=primary.exc_msg,
-                             failing_rank=primary.rank, traceback=primary.traceback)
+        return CellOutcome(**fields, status="error", exc_type=primary.exc_type, exc_msg=primary.exc_msg,
+                           failing_rank=primary.rank, traceback=primary.traceback)
     stuck_in_own_code = sorted(o.rank for o in failed if o.timed_out and o.in_collective is False)
     if missing:
         behind = sorted(missing)
@@ -136,9 +137,9 @@ def blame(outcomes: list[RankOutcome], missing: dict[int, str | None], timeout_s
                        *(f"rank {r} never reported (last in {p!r})" for r, p in sorted(missing.items()))])
     primary = next((o for o in failed if o.rank == behind[0]), None)
     arrived = "" if len(behind) == len(phases) else " did not arrive"
-    return fields | dict(status="hang", exc_type=Failure.CELL_TIMEOUT, failing_rank=behind[0],
-                         exc_msg=f"no result within {timeout_s:g} s: rank(s) {behind}{arrived} ({where})",
-                         traceback=primary.traceback if primary else None)
+    return CellOutcome(**fields, status="hang", exc_type=Failure.CELL_TIMEOUT, failing_rank=behind[0],
+                       exc_msg=f"no result within {timeout_s:g} s: rank(s) {behind}{arrived} ({where})",
+                       traceback=primary.traceback if primary else None)
 
 
 def _whereabouts(o: RankOutcome) -> str:

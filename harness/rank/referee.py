@@ -13,7 +13,7 @@ the next reference gets a fresh referee, so no reference runs after a change a l
 have missed. ``--isolate fork``: a referee serves one reference.
 
 The worker writes a request line (``{"index": cell, "installs": ...}``) to its pipe; the
-referee writes the cell's outcome fields to ``LaunchPlan.verdict_file`` and answers
+referee writes the cell's outcome (``CellOutcome``) to ``LaunchPlan.verdict_file`` and answers
 ``done <cell> fresh`` (it serves on) or ``done <cell> spent`` (it ends).
 """
 
@@ -32,6 +32,7 @@ from harness.process.tree import die_with_parent
 from harness.protocol import LaunchPlan
 from harness.rank.leaks import CellState, TorchAttributes
 from harness.rank.phases import CLOCK
+from harness.results.outcome import CellOutcome
 
 __all__ = ["Lines", "Referee", "serve_references"]
 
@@ -110,9 +111,9 @@ def _judge_one(plan: LaunchPlan, scenarios: dict, baseline: TorchAttributes, *, 
         fields = check_against_reference(scenario_for(scenarios, cell), load_observed(plan.observed_file(index)),
                                          cell, installs, references=plan.references_folder())
     except Exception as e:  # a broken reference must not lose the cell
-        fields = dict(status="error", exc_type=type(e).__name__, exc_msg=f"reference/compare failed: {e}"[:500],
-                      traceback=traceback.format_exc()[-8000:])
-    plan.verdict_file(index).write_text(json.dumps(fields, default=str))
+        fields = CellOutcome(status="error", exc_type=type(e).__name__, exc_msg=f"reference/compare failed: {e}"[:500],
+                             traceback=traceback.format_exc()[-8000:])
+    plan.verdict_file(index).write_text(json.dumps(fields.to_json(), default=str))
     CLOCK.enter("state")
     left = [*before.settle(put_back=True), *baseline.restore()]
     CLOCK.write(plan.phase_times_file(int(os.environ.get("RANK", "0")), cell=index, what="reference"),

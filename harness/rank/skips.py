@@ -9,26 +9,27 @@ import os
 import torch
 
 from harness.plan.cells import Cell
+from harness.results.outcome import CellOutcome
 from harness.scenario.spec import UNUSED_PARAMS_API, Scenario
 from harness.train.meta_build import init_gap
 
 __all__ = ["skip_fields"]
 
 
-def skip_fields(cell: Cell, scenario: Scenario) -> dict[str, str]:
-    """The record fields of a skip of ``cell`` on this rank ({} where it runs): ``reason``, and
+def skip_fields(cell: Cell, scenario: Scenario) -> CellOutcome | None:
+    """The outcome of a skip of ``cell`` on this rank (None where it runs): ``reason``, and
     ``missing`` where the machine lacks something the scenario does not declare (a package,
     GPUs), which makes the skip not as documented."""
     packages = dict.fromkeys(name.partition(".")[0] for name in scenario.requires)
     lacking = [name for name in packages if importlib.util.find_spec(name) is None]
     if lacking:
-        return dict(status="skip", missing=f"Python package(s) {', '.join(lacking)}",
+        return CellOutcome(status="skip", missing=f"Python package(s) {', '.join(lacking)}",
                     reason=f"needs the Python package(s) {', '.join(lacking)} (pip install 'fsdp-compat[hf]')")
     if cell.device == "cuda" and torch.cuda.device_count() < int(os.environ.get("LOCAL_WORLD_SIZE", cell.world_size)):
-        return dict(status="skip", missing=f"{cell.world_size} GPUs",
+        return CellOutcome(status="skip", missing=f"{cell.world_size} GPUs",
                     reason=f"needs {cell.world_size} GPUs, {torch.cuda.device_count()} visible")
     reason = _declared(cell, scenario)
-    return dict(status="skip", reason=reason) if reason else {}
+    return CellOutcome(status="skip", reason=reason) if reason else None
 
 
 def _declared(cell: Cell, scenario: Scenario) -> str | None:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness.results.machine import environment, torch_info
+from harness.results.outcome import CellOutcome
 from harness.vocabulary import FAILING, INSTALL_STATUSES, STATUSES, VARIANTS, format_statuses, match_for, parse_statuses
 
 __all__ = ["SCHEMA", "Record", "RecordError", "append", "finish", "append_line", "new_record"]
@@ -35,8 +36,9 @@ class RecordError(ValueError):
 
 
 @dataclass(kw_only=True)
-class Record:
-    """What one cell did. ``expected`` holds the statuses the cell may end with."""
+class Record(CellOutcome):
+    """What one cell did: the cell as planned, its outcome (``CellOutcome``: the fields it
+    inherits) and its environment. ``expected`` holds the statuses the cell may end with."""
 
     schema: int = SCHEMA
     run_id: str
@@ -58,9 +60,7 @@ class Record:
     patches: list[str] = field(default_factory=list)
     #: the patches this cell installed
     installed_patches: list[str] = field(default_factory=list)
-    patch_install: dict[str, dict[str, str]] = field(default_factory=dict)
     bug_observable: bool = True
-    status: str
     expected: tuple[str, ...]
     #: text the failure must contain: one, or one per status (``harness.scenario.expect.Expect.match``)
     expected_match: str | dict[str, str] | None = None
@@ -71,54 +71,10 @@ class Record:
     #: the scenario's public API alternative and the patches it replaces
     api: str | None = None
     api_replaces: list[str] = field(default_factory=list)
-    #: why the expectation is what it is, or why the cell was skipped
-    reason: str | None = None
-    #: a skip the scenario does not declare: what this machine lacked (a package, GPUs); such a
-    #: skip is not as documented (``run --allow-missing`` lets a local run exit 0 anyway)
-    missing: str | None = None
-    exc_type: str | None = None
-    exc_msg: str | None = None
-    failing_rank: int | None = None
-    failed_ranks: list[int] | None = None
-    rank_errors: dict[str, str] | None = None
-    traceback: str | None = None
-    log: str | None = None
-    max_abs_diff: float | None = None
-    max_rel_diff: float | None = None
-    worst: str | None = None
-    diffs: list[dict[str, Any]] = field(default_factory=list)
-    grad_norm: float | None = None
-    ref_grad_norm: float | None = None
-    reference_quirks: list[str] = field(default_factory=list)
-    #: the scenario's collectives per step, micro-batch and phase (``harness.train.ledger``: rows of
-    #: step, micro_batch, phase, kind, group, dtype, count, bytes); None where not recorded
-    ledger: list[list[Any]] | None = None
-    #: rank 0's live tensors after each step (``harness.train.resources``: step, tensors, bytes, cuda_allocated)
-    resources: list[list[Any]] | None = None
-    #: process-wide state the cell left changed ("left the default dtype float64", "left a global
-    #: module forward hook registered", "left torch.nn.functional.linear replaced":
-    #: ``harness.rank.state``, ``harness.rank.leaks``); no later cell sees it (its own process, or
-    #: put back); the report shows each as a caveat
-    left_state: list[str] = field(default_factory=list)
-    #: the torch functions, methods and classes the cell's patch set replaced or added (``harness.rank.leaks``)
-    patch_changes: list[str] = field(default_factory=list)
-    #: what the judge noticed beyond the verdict (a gloo reduction that summed where no quirk is
-    #: declared: ``harness.rank.judging``); the report shows each
-    findings: list[str] = field(default_factory=list)
-    #: a documented mismatch's symptom (``Expect.symptom``): whether the judge saw it, and what it saw instead
-    symptom_seen: bool | None = None
-    symptom: str | None = None
-    #: a fault injected on the FSDP2 side (``run --fault``, ``harness.train.faults``), the parameters
-    #: whose step-0 grad it changed, and those of them no check flagged (the scenario's blind spots)
-    fault: str | None = None
-    fault_affected: list[str] = field(default_factory=list)
-    fault_missed: list[str] = field(default_factory=list)
     #: the seed of the shuffled cell order the run used (``run --shuffle``); None: the planned order
     order_seed: int | None = None
     #: "meta": the run built every model on the meta device (``run --init meta``, ``harness.train.meta_build``)
     init: str = "full"
-    #: the judge's wall and CPU seconds per phase of the cell (``harness.rank.phases``: name -> [wall, cpu])
-    phases: dict[str, list[float]] | None = None
     duration_s: float | None = None
     timeout_s: float | None = None
     env: dict[str, Any] = field(default_factory=dict)
@@ -227,26 +183,24 @@ _FIELDS = _field_kinds()
 # --------------------------------------------------------------------------- writing
 
 
-def new_record(cell, *, run_id: str, launch_id: str, patches_module: str, t0: float, status: str,
-               patches_module_id: str = "", **outcome: Any) -> Record:
-    """A record of ``cell`` (a ``harness.plan.cells.Cell``) with its outcome fields."""
+def new_record(cell, outcome: CellOutcome, *, run_id: str, launch_id: str, patches_module: str, t0: float,
+               patches_module_id: str = "", order_seed: int | None = None) -> Record:
+    """The record of ``cell`` (a ``harness.plan.cells.Cell``): the cell, ``outcome``, this
+    process's torch and machine. The outcome's reason, else the cell's own."""
     info = torch_info()
-    rec = Record(
+    outcome_fields = {f.name: getattr(outcome, f.name) for f in dataclasses.fields(CellOutcome)}
+    return Record(
+        **outcome_fields | dict(reason=outcome.reason or cell.why or None),
         run_id=run_id, launch_id=launch_id, cell=cell.index,
         started_at=datetime.datetime.fromtimestamp(t0, datetime.timezone.utc).isoformat(timespec="seconds"),
         scenario=cell.scenario, variant=cell.variant, device=cell.device, backend=cell.backend,
         world_size=cell.world_size, mesh=list(cell.mesh), torch=info["torch"] or "", torch_git=info["torch_git"],
         patches_module=patches_module, patches_module_id=patches_module_id, patches=list(cell.scenario_patches),
-        installed_patches=list(cell.patches), bug_observable=cell.bug_observable, status=status,
+        installed_patches=list(cell.patches), bug_observable=cell.bug_observable,
         expected=tuple(cell.expected), expected_match=cell.expected_match, as_expected=False,
         fixed_by=cell.fixed_by, upstream=cell.upstream, api=cell.api, api_replaces=list(cell.api_replaces),
-        reason=cell.why or None, timeout_s=cell.timeout_s, env=environment(), init=cell.init,
+        timeout_s=cell.timeout_s, env=environment(), init=cell.init, order_seed=order_seed,
     )
-    for key, value in outcome.items():
-        assert key in _FIELDS, key
-        if value is not None:
-            setattr(rec, key, value)
-    return rec
 
 
 def finish(rec: Record, t0: float) -> Record:
