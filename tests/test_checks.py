@@ -84,7 +84,7 @@ def _train_bf16(rank: int, store_dir: str, out: str, wanted: str) -> None:
                             checks=(GradDtype(getattr(torch, wanted)),))
         cell = Cell(index=0, scenario="t", variant="vanilla", device="cpu", backend="gloo", world_size=1, mesh=(1,),
                     timeout_s=30)
-        fields = check_against_reference(scenario, fsdp.train(scenario, cell, {}, rank, 1), cell)
+        fields = check_against_reference(scenario, fsdp.train(scenario, cell, None, rank, 1), cell)
         with open(out, "w") as f:
             json.dump({k: getattr(fields, k) for k in ("status", "worst")}, f)
     finally:

@@ -172,7 +172,7 @@ def _train_two_ranks(rank: int, store_dir: str, out: str) -> None:
                             clip=Clip(max_norm=0.1), steps=2)
         cell = Cell(index=0, scenario="t", variant="vanilla", device="cpu", backend="gloo", world_size=2, mesh=(2,),
                     timeout_s=30)
-        observed = fsdp.train(scenario, cell, {}, rank, 2)
+        observed = fsdp.train(scenario, cell, None, rank, 2)
         if rank == 0:
             with open(out, "w") as f:
                 json.dump(observed[0].ledger, f)

@@ -121,7 +121,7 @@ def _train_and_judge(rank: int, store_dir: str, out: str, opt_in: bool) -> None:
                             forward=leaky_forward, steps=5, checks=(ResourceGrowth(),) if opt_in else ())
         cell = Cell(index=0, scenario="t", variant="vanilla", device="cpu", backend="gloo", world_size=2, mesh=(2,),
                     timeout_s=30)
-        observed = fsdp.train(scenario, cell, {}, rank, 2)
+        observed = fsdp.train(scenario, cell, None, rank, 2)
         if rank == 0:
             fields = check_against_reference(scenario, observed, cell)
             with open(out, "w") as f:

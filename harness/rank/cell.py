@@ -43,6 +43,7 @@ from harness.results import record
 from harness.results.outcome import CellOutcome
 from harness.scenario.spec import Scenario
 from harness.undertest.install import install_set, load_patches_module
+from harness.undertest.source import Utilities
 from harness.undertest.undo import PatchUndo, forget_module
 from harness.vocabulary import Failure
 
@@ -64,7 +65,7 @@ class CellRun:
     #: functions and methods it replaced
     active: tuple[str, ...] = ()
     installs: dict[str, dict[str, str]] = field(default_factory=dict)
-    utilities: dict[str, Any] = field(default_factory=dict)
+    utilities: Utilities = field(default_factory=Utilities)
     patch_changes: list[str] = field(default_factory=list)
     #: those attributes' values as the set installed them (put back if a cell changes them)
     installed: dict[str, Any] = field(default_factory=dict)
@@ -260,7 +261,7 @@ class CellRun:
             self.baseline.restore()
             if self.set_state is not None:
                 self.set_state.restore()
-        self.undo, self.set_state, self.active, self.installs, self.utilities = None, None, names, {}, {}
+        self.undo, self.set_state, self.active, self.installs, self.utilities = None, None, names, {}, Utilities()
         self.patch_changes, self.installed = [], {}
         if not names:
             return

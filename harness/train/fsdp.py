@@ -34,11 +34,12 @@ from harness.train.norm_group import rehome
 from harness.train.probe import Probes, measure_reduction
 from harness.train.requested import sharding_problems
 from harness.train.step import StepTensors
+from harness.undertest.source import Utilities
 
 __all__ = ["FsdpSide", "build_model", "train"]
 
 
-def train(scenario: Scenario, cell: Cell, utilities: dict[str, Any], rank: int, world: int,
+def train(scenario: Scenario, cell: Cell, utilities: Utilities | None, rank: int, world: int,
           stamp: Callable[[str], object] = lambda phase: None,
           probes: Probes | None = None) -> list[StepTensors]:
     """Build, shard and train ``scenario`` on this rank; snapshots of every step.
@@ -134,10 +135,10 @@ class FsdpSide:
     """The recipe's ``Side`` under FSDP2: this rank's forward, gathered full tensors."""
 
     def __init__(self, scenario: Scenario, cell: Cell, model: nn.Module, mesh: DeviceMesh, device: torch.device,
-                 utilities: dict[str, Any], *, rank: int, world: int,
+                 utilities: Utilities | None, *, rank: int, world: int,
                  stamp: Callable[[str], object] = lambda phase: None) -> None:
         self.scenario, self.cell, self.model, self.mesh, self.device = scenario, cell, model, mesh, device
-        self.utilities, self.rank, self.world, self.stamp = utilities, rank, world, stamp
+        self.utilities, self.rank, self.world, self.stamp = utilities or Utilities(), rank, world, stamp
         self.named = dict(model.named_parameters())
         #: plain placements: snapshots are captured now and gathered together in ``flush``
         self.deferred = Deferred(rank=rank, world=world) if plain_placements(list(self.named.values())) else None
@@ -204,7 +205,7 @@ class FsdpSide:
         self.stamp(f"step {self.step} end of window")
         self._at("finalize")
         api = self.scenario.api if self.cell.variant == "api" else None
-        util = self.utilities.get("finalize_backward")
+        util = self.utilities.finalize_backward
         if api is not None and api.finalize is not None:
             api.finalize(self.model)
         elif util is not None:
@@ -221,7 +222,7 @@ class FsdpSide:
         self._at("scale")
         scaler = torch.tensor(factor, device=self.device)
         params = list(self.named.values())
-        util = self.utilities.get("scale_grads")
+        util = self.utilities.scale_grads
         if util is not None:
             util(params, scaler)
             return
@@ -242,7 +243,7 @@ class FsdpSide:
         backend = self.scenario.groups.norm_backend.get(self.cell.device)
         restore = rehome(params, backend) if backend else None
         try:
-            fn = self.utilities.get("clip_grad_norm") or torch.nn.utils.clip_grad_norm_
+            fn = self.utilities.clip_grad_norm or torch.nn.utils.clip_grad_norm_
             total = fn(params, clip.max_norm, clip.norm_type)
         finally:
             if restore is not None:

@@ -25,7 +25,7 @@ from pathlib import Path
 from types import ModuleType
 
 from harness.imports import import_file
-from harness.undertest.source import UTILITIES, is_path
+from harness.undertest.source import UTILITIES, Utilities, is_path
 from harness.vocabulary import DEFAULT_MODULE
 
 __all__ = [
@@ -144,11 +144,11 @@ def install_patches(module: ModuleType, names: list[str], mapping: Mapping[str, 
 
 def install_set(module: ModuleType, names: list[str], mapping: Mapping[str, str] | None = None,
                 label: str | None = None, on_patch: Callable[[str], object] | None = None,
-                ) -> tuple[dict[str, dict[str, str]], dict[str, Callable[..., object]]]:
+                ) -> tuple[dict[str, dict[str, str]], Utilities]:
     """Install a patch set: per-patch outcomes (as record entries) and the utilities to call."""
     outcomes = install_patches(module, names, mapping, label, on_patch)
-    utilities = {n: resolve(module, n, mapping, label) for n in names
-                 if n in UTILITIES and outcomes[n].status == "installed"}
+    utilities = Utilities(**{n: resolve(module, n, mapping, label) for n in names
+                             if n in UTILITIES and outcomes[n].status == "installed"})
     return {n: o.as_dict() for n, o in outcomes.items()}, utilities
 
 

@@ -13,15 +13,30 @@ import ast
 import difflib
 import hashlib
 import importlib.util
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Any
 
 __all__ = [
-    "PatchSource", "check_patch_names", "deployed_patches", "is_path", "locate", "near_misses", "patch_names_in"]
+    "UTILITIES", "PatchSource", "Utilities", "check_patch_names", "deployed_patches", "is_path", "locate", "near_misses", "patch_names_in"]
 
-#: Patch names that are utilities the recipe calls, not process-global installs.
-UTILITIES = ("clip_grad_norm", "finalize_backward", "scale_grads")
+@dataclass(frozen=True, kw_only=True)
+class Utilities:
+    """The utilities a patch set provides: functions the recipe calls in place of its own step
+    (a patches module's ``X_`` or ``X``), not process-global installs. A new one is a field here
+    and the step that calls it (``harness.train.fsdp``)."""
+
+    #: ``clip_grad_norm_(params, max_norm, norm_type) -> total norm``, in place of torch's
+    clip_grad_norm: Callable[..., Any] | None = None
+    #: ``finalize_backward(root)`` after an accumulation window run with gradient sync off
+    finalize_backward: Callable[..., Any] | None = None
+    #: ``scale_grads_(params, scaler)``, in place of multiplying each grad
+    scale_grads: Callable[..., Any] | None = None
+
+
+#: Patch names that are utilities (``Utilities``' fields).
+UTILITIES = tuple(f.name for f in fields(Utilities))
 
 
 def is_path(spec: str) -> bool:
