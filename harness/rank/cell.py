@@ -22,7 +22,6 @@ the reference runs in a process of its own (``harness.rank.judging``).
 from __future__ import annotations
 
 import time
-import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,7 +32,7 @@ from harness.plan.placement import runs_forked
 from harness.protocol import CellKeys, LaunchPlan, install_phase, mark_started, read_phase
 from harness.rank import peers
 from harness.rank.groups import CellGroups, ProbeCache, keep_group
-from harness.rank.judging import check_against_reference, dump, load_observed, save_observed, scenario_for
+from harness.rank.judging import check_saved, dump, save_observed, scenario_for
 from harness.rank.leaks import CellState, TorchAttributes
 from harness.rank.phases import CLOCK, fold, read_totals
 from harness.rank.skips import skip_fields
@@ -219,11 +218,7 @@ class CellRun:
         with CLOCK.timed("reference"):
             if self.zygote is not None:
                 return self.zygote.reference(self.plan, cell, mine.patch_install, time.time() + cell.timeout_s)
-            try:  # no fork on this platform: here, with whatever the patch set changed
-                return check_against_reference(scenario_for(self.scenarios, cell), load_observed(path), cell, mine.patch_install)
-            except Exception as e:
-                return CellOutcome(status="error", exc_type=type(e).__name__, exc_msg=f"reference/compare failed: {e}"[:500],
-                                   traceback=traceback.format_exc()[-8000:])
+            return check_saved(self.scenarios, cell, path, mine.patch_install)  # no fork here: under the patch set
 
     # -- steps ------------------------------------------------------------------------
     def _prepare(self, cell: Cell) -> CellOutcome | None:

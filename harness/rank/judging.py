@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import traceback
 from pathlib import Path
 
 import torch
@@ -39,7 +40,7 @@ from harness.train.reuse import reference_key, reused
 from harness.train.step import StepTensors
 from harness.vocabulary import Failure
 
-__all__ = ["check_against_reference", "dump", "load_observed", "save_observed", "scenario_for"]
+__all__ = ["check_against_reference", "check_saved", "dump", "load_observed", "save_observed", "scenario_for"]
 
 #: install statuses under which a patch is in force
 _IN_FORCE = ("installed", "already-installed")
@@ -51,6 +52,18 @@ def scenario_for(scenarios: dict[str, Scenario], cell: Cell) -> Scenario:
     scenario = scenarios[cell.scenario]
     scenario = as_meta(scenario) if cell.init == "meta" else scenario
     return scenario.with_api() if cell.variant == "api" else scenario
+
+
+def check_saved(scenarios: dict[str, Scenario], cell: Cell, observed_file: str | os.PathLike,
+                installs: dict[str, dict[str, str]] | None = None, references: Path | None = None) -> CellOutcome:
+    """``check_against_reference`` on the snapshots the judging rank saved; a reference that
+    raises is the cell's error, not a lost cell."""
+    try:
+        return check_against_reference(scenario_for(scenarios, cell), load_observed(observed_file), cell, installs,
+                                       references=references)
+    except Exception as e:
+        return CellOutcome(status="error", exc_type=type(e).__name__, exc_msg=f"reference/compare failed: {e}"[:500],
+                           traceback=traceback.format_exc()[-8000:])
 
 
 def check_against_reference(scenario: Scenario, observed: list[StepTensors], cell: Cell,

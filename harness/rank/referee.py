@@ -32,7 +32,6 @@ from harness.process.tree import die_with_parent
 from harness.protocol import LaunchPlan
 from harness.rank.leaks import CellState, TorchAttributes
 from harness.rank.phases import CLOCK
-from harness.results.outcome import CellOutcome
 
 __all__ = ["Lines", "Referee", "serve_references"]
 
@@ -101,19 +100,14 @@ def _judge_one(plan: LaunchPlan, scenarios: dict, baseline: TorchAttributes, *, 
     """The reference and the comparison of cell ``index``, written to ``plan.verdict_file``, then
     the process-wide state put back; False where anything had to be put back (the scenario's
     model factory changed the process: the referee ends rather than trust the put-back)."""
-    from harness.rank.judging import check_against_reference, load_observed, scenario_for
+    from harness.rank.judging import check_saved
 
     CLOCK.reset()
     cell = plan.cell(index)
     with CLOCK.timed("state"):
         before = CellState.take()
-    try:
-        fields = check_against_reference(scenario_for(scenarios, cell), load_observed(plan.observed_file(index)),
-                                         cell, installs, references=plan.references_folder())
-    except Exception as e:  # a broken reference must not lose the cell
-        fields = CellOutcome(status="error", exc_type=type(e).__name__, exc_msg=f"reference/compare failed: {e}"[:500],
-                             traceback=traceback.format_exc()[-8000:])
-    plan.verdict_file(index).write_text(json.dumps(fields.to_json(), default=str))
+    outcome = check_saved(scenarios, cell, plan.observed_file(index), installs, references=plan.references_folder())
+    plan.verdict_file(index).write_text(json.dumps(outcome.to_json(), default=str))
     CLOCK.enter("state")
     left = [*before.settle(put_back=True), *baseline.restore()]
     CLOCK.write(plan.phase_times_file(int(os.environ.get("RANK", "0")), cell=index, what="reference"),
