@@ -147,10 +147,8 @@ class Zygote:
             else:
                 timed_out = not referee.replies.ended
                 status = self._end_referee(kill=timed_out)
-        try:
+        with contextlib.suppress(OSError, ValueError, TypeError):  # no answer, or not an outcome: named below
             return CellOutcome.from_json(json.loads(verdict.read_text()))
-        except (OSError, ValueError, TypeError):
-            pass
         if referee is None:
             why = "the zygote is gone"
         elif timed_out:
@@ -191,8 +189,7 @@ class Zygote:
             socket.send_fds(self.channel, [json.dumps(dict(kind="reap", pid=referee.pid)).encode()], [])
         except OSError:
             return None
-        reply = self.replies.read(time.time() + 30)
-        return int(reply.split()[1]) if reply is not None and reply.startswith("status ") and reply[7:].isdigit() else None
+        return _wait_status(self.replies.read(time.time() + 30))
 
     def fork(self, request: dict[str, Any], fds: tuple[int, ...] = ()) -> int | None:
         """The pid of a new process serving ``request`` (a cell's or a referee, whose pipes are
@@ -211,13 +208,16 @@ class Zygote:
         """The cell process's wait status; None when it overstayed (it is killed) or the zygote is gone."""
         reply = self.replies.read(deadline)
         if reply is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            reply = self.replies.read(time.time() + 10)  # the zygote reaps it and reports
+            self.replies.read(time.time() + 10)  # the zygote reaps it and reports (the status is not needed)
             return None
-        return int(reply.split()[1]) if reply.startswith("status ") else None
+        return _wait_status(reply)
+
+
+def _wait_status(reply: str | None) -> int | None:
+    """The N of the zygote's ``status N`` reply; None for another reply (``status None``: already reaped)."""
+    return int(reply[7:]) if reply is not None and reply.startswith("status ") and reply[7:].isdigit() else None
 
 
 def _phase(plan: LaunchPlan, global_rank: int) -> str | None:
