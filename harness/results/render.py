@@ -1,20 +1,52 @@
-"""The report's two renderings of one model (``harness.results.report.sections``): Markdown
-(``DataFrame.to_markdown``, every record text shown as text) and a self-contained HTML page
-(pandas ``Styler`` in ``templates/report.html``: inline CSS, no scripts, no external assets)."""
+"""The report's model (``Section``, built by ``harness.results.report.sections``) and its two
+renderings: Markdown (``DataFrame.to_markdown``, every record text shown as text) and a
+self-contained HTML page (pandas ``Styler`` in ``templates/report.html``: inline CSS, no
+scripts, no external assets)."""
 
 from __future__ import annotations
 
 import html
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
-from harness.results.report import Section
 from harness.results.safe import content_security_policy, md_text
 from harness.results.style import PATCH_COLORS, TITLE, VERDICT_COLORS, css
 
-__all__ = ["html_page", "markdown"]
+__all__ = ["Section", "html_page", "markdown"]
+
+
+@dataclass(kw_only=True)
+class Section:
+    """One part of the report, as every format shows it."""
+
+    title: str
+    #: the HTML id of its heading (links and tests find sections by it)
+    anchor: str
+    #: 2: a part of the report; 3: a part of the section before it
+    level: int = 2
+    #: sentences before the table (the heatmap's legend)
+    intro: list[str] = field(default_factory=list)
+    #: the table, as text; None: none
+    table: pd.DataFrame | None = None
+    #: whether the table's index is part of it (the grids' scenario and world size)
+    index: bool = False
+    #: sentences after the table, shown as a list
+    notes: list[str] = field(default_factory=list)
+    #: said where there is neither a table nor a note
+    empty: str = "None."
+    #: HTML only: the table's class, and per cell a CSS class, a hover title, a link target
+    table_class: str = ""
+    classes: pd.DataFrame | None = None
+    titles: pd.DataFrame | None = None
+    links: pd.DataFrame | None = None
+    #: HTML only: each row's id (the details rows the heatmap links to), by a column's cells
+    row_ids: tuple[str, list[str]] | None = None
+    #: Markdown only: the rows it shows (the table's columns or fewer), and a sentence saying which
+    markdown_rows: pd.DataFrame | None = None
+    markdown_intro: str = ""
 
 
 # --------------------------------------------------------------------------- Markdown

@@ -18,13 +18,13 @@ Build it with ``python -m harness report --records runs/ --out reports``.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
 from harness.bugs import legend_rows
 from harness.results.decisions import deployed_line, lane_notes, lifecycle, torch_columns, version_ranges
+from harness.results.render import Section, html_page, markdown
 from harness.results.safe import read_report_csv, safe_id, write_report_csv
 from harness.results.sensitivity import blind_spot_lines
 from harness.results.style import (
@@ -45,37 +45,6 @@ from harness.vocabulary import VARIANTS, VERDICTS
 
 __all__ = ["OUTPUT_NAMES", "SHORT", "VERDICT_COLORS", "PATCH_COLORS", "Section", "build_report", "header",
            "read_report_csv", "render_html", "render_markdown", "sections", "write_outputs"]
-
-
-@dataclass(kw_only=True)
-class Section:
-    """One part of the report, as every format shows it."""
-
-    title: str
-    #: the HTML id of its heading (links and tests find sections by it)
-    anchor: str
-    #: 2: a part of the report; 3: a part of the section before it
-    level: int = 2
-    #: sentences before the table (the heatmap's legend)
-    intro: list[str] = field(default_factory=list)
-    #: the table, as text; None: none
-    table: pd.DataFrame | None = None
-    #: whether the table's index is part of it (the grids' scenario and world size)
-    index: bool = False
-    #: sentences after the table, shown as a list
-    notes: list[str] = field(default_factory=list)
-    #: said where there is neither a table nor a note
-    empty: str = "None."
-    #: HTML only: the table's class, and per cell a CSS class, a hover title, a link target
-    table_class: str = ""
-    classes: pd.DataFrame | None = None
-    titles: pd.DataFrame | None = None
-    links: pd.DataFrame | None = None
-    #: HTML only: each row's id (the details rows the heatmap links to), by a column's cells
-    row_ids: tuple[str, list[str]] | None = None
-    #: Markdown only: the rows it shows (the table's columns or fewer), and a sentence saying which
-    markdown_rows: pd.DataFrame | None = None
-    markdown_intro: str = ""
 
 
 def header(tables: ReportTables) -> list[str]:
@@ -223,20 +192,14 @@ def _notes(tables: ReportTables, device: str) -> list[str]:
 
 
 def render_markdown(tables: ReportTables) -> str:
-    from harness.results.render import markdown
-
     return markdown(header(tables), sections(tables))
 
 
 def render_html(tables: ReportTables) -> str:
-    from harness.results.render import html_page
-
     return html_page(header(tables), sections(tables))
 
 
 def write_outputs(tables: ReportTables, out_dir: str | Path) -> dict[str, Path]:
-    from harness.results.render import html_page, markdown
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {kind: out / name for kind, name in OUTPUT_NAMES.items()}
