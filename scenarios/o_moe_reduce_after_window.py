@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from harness.spec import Expect, PublicApi, Scenario, Sharding, accumulate, presence_lost
+from harness.train.hooks import ReduceAfterWindow
 from scenarios._models import IN, randn_batch
 
 EXPERTS = 3
@@ -64,7 +65,7 @@ SCENARIO = Scenario(
     forward=routed,
     sharding=Sharding(units=tuple(f"experts.{e}" for e in range(EXPERTS))),
     schedule=accumulate(2, last_sync=False),
-    reduce_after_window=True,
+    hooks=(ReduceAfterWindow(),),
     patches=("finalize_backward",),
     api=PublicApi(name="FSDPModule.set_manual_backward_finalization", since="2.15", replaces=("finalize_backward",),
                   needs=("FSDPModule.finalize_backward",),

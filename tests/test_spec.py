@@ -18,6 +18,14 @@ def test_last_micro_batch_must_sync():
         _scenario(schedule=(MicroBatch(sync=False),))
 
 
+def test_a_hook_that_reduces_after_the_window_wants_every_micro_batch_unsynced():
+    from harness.train.hooks import ReduceAfterWindow
+
+    assert _scenario(schedule=accumulate(2, last_sync=False), hooks=(ReduceAfterWindow(),)).hooks
+    with pytest.raises(ValueError, match=r"ReduceAfterWindow runs every micro-batch with gradient sync off"):
+        _scenario(schedule=accumulate(2), hooks=(ReduceAfterWindow(),))
+
+
 def test_hsdp_mesh_shape_and_bad_world_size():
     assert Sharding(replicate=2).mesh_shape(4) == (2, 2)
     assert Sharding().mesh_shape(3) == (3,)

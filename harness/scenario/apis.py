@@ -14,7 +14,7 @@ A setter that must be called on the root only (``set_manual_backward_finalizatio
 goes in ``configure_root(root, dp_world)``, called after ``configure``.
 
 An API that acts after backward also gives ``finalize(root)``: called on the root FSDP
-module at the end of each accumulation window of a scenario with ``reduce_after_window``
+module at the end of each accumulation window of a scenario that lists ``ReduceAfterWindow()``
 (``root.finalize_backward()``), instead of the patches module's ``finalize_backward``.
 
 ``available()`` is true only where torch has ``name`` and every entry of ``needs``; an
@@ -74,7 +74,7 @@ class PublicApi:
     needs: tuple[str, ...] = ()
     #: called on the root FSDP module only, after ``configure`` (setters torch allows on the root only)
     configure_root: Callable[[nn.Module, int], object] | None = None
-    #: called on the root after each accumulation window of a ``reduce_after_window`` scenario
+    #: called on the root after each accumulation window of a scenario with ``ReduceAfterWindow()``
     finalize: Callable[[nn.Module], object] | None = None
 
     def __post_init__(self) -> None:

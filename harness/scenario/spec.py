@@ -205,12 +205,9 @@ class Scenario:
     #: ``ResourceGrowth()``): on a cell whose values match, the first with problems makes it a
     #: mismatch (worst "<kind>: ..."); every cell also runs ``harness.train.checks.ALWAYS``
     checks: tuple[Any, ...] = ()
-    #: the stack learns that an accumulation window is over only after its last backward (MoE and
-    #: pipeline schedules): every micro-batch runs with gradient sync off and the grads are reduced
-    #: afterwards, by the patches module's ``finalize_backward(root)`` or the api variant's
-    #: ``PublicApi.finalize``; without either (vanilla) gradient sync is turned back on, which
-    #: reduces nothing already accumulated
-    reduce_after_window: bool = False
+    #: what the scenario adds to the FSDP2 side's step (``harness.train.hooks``:
+    #: ``ReduceAfterWindow()``), called at their points of the recipe; the reference calls none
+    hooks: tuple[Any, ...] = ()
 
     def measures(self, what: str) -> bool:
         """Whether one of its checks needs the FSDP2 side to record ``what`` (``"resources"``)."""
@@ -222,11 +219,12 @@ class Scenario:
             raise ValueError(f"scenario name {self.name!r}: use letters, digits and '_'")
         if self.steps < 1 or not self.schedule:
             raise ValueError(f"{where}: needs at least one step and one micro-batch")
-        if self.reduce_after_window and any(mb.sync for mb in self.schedule):
-            raise ValueError(f"{where}: reduce_after_window runs every micro-batch with gradient sync off "
-                             "(use accumulate(n, last_sync=False))")
-        if not self.reduce_after_window and not self.schedule[-1].sync:
-            raise ValueError(f"{where}: the last micro-batch must sync gradients")
+        for hook in self.hooks:
+            for problem in hook.problems(self):
+                raise ValueError(f"{where}: {problem}")
+        if not any(hook.reduces_window for hook in self.hooks) and not self.schedule[-1].sync:
+            raise ValueError(f"{where}: the last micro-batch must sync gradients "
+                             "(or list a hook that reduces after the window: ReduceAfterWindow())")
         for d in (*self.devices, *self.bug_devices):
             if d not in DEVICES:
                 raise ValueError(f"{where}: unknown device {d!r}")

@@ -29,6 +29,7 @@ from harness.train import recipe
 from harness.train import resources as held
 from harness.train.faults import fault_named
 from harness.train.gather import Deferred, gather_full, plain_placements
+from harness.train.hooks import WindowEnd
 from harness.train.meta_build import init_on, materialized_on
 from harness.train.norm_group import rehome
 from harness.train.probe import Probes, measure_reduction
@@ -189,30 +190,20 @@ class FsdpSide:
         self._at(None)
 
     def end_window(self) -> None:
-        """``Scenario.reduce_after_window``: reduce the window's grads with the api variant's
-        ``finalize``, else the patches module's ``finalize_backward``, else (vanilla) only turn
-        gradient sync back on, as a stack without either does. Then a grad fault (step 0)."""
-        self._reduce_after_window()
+        """Each of the scenario's hooks (``harness.train.hooks``), its collectives under its
+        ledger phase; then a grad fault (step 0)."""
+        at = WindowEnd(root=self.model, step=self.step, utilities=self.utilities,
+                       api=self.scenario.api if self.cell.variant == "api" else None)
+        for hook in self.scenario.hooks:
+            self.stamp(f"step {self.step} end of window: {hook.phase}")
+            self._at(hook.phase)
+            hook.end_window(at)
+            self._at(None)
         if self.fault is not None and self.fault.grads is not None and self.step == 0:
             self._at(None)  # the fault's collective is not the scenario's
             grads = {n: p.grad for n, p in self.named.items() if p.grad is not None}
             self.fault.grads({n: g.to_local() if isinstance(g, DTensor) else g for n, g in grads.items()},
                              self.rank, self.device)
-
-    def _reduce_after_window(self) -> None:
-        if not self.scenario.reduce_after_window:
-            return
-        self.stamp(f"step {self.step} end of window")
-        self._at("finalize")
-        api = self.scenario.api if self.cell.variant == "api" else None
-        util = self.utilities.finalize_backward
-        if api is not None and api.finalize is not None:
-            api.finalize(self.model)
-        elif util is not None:
-            util(self.model)
-        else:
-            self.model.set_requires_gradient_sync(True)
-        self._at(None)
 
     def scale(self, factor: float) -> None:
         """A 0-dim scaler on the compute device, as training loops write it; nothing where

@@ -39,7 +39,7 @@ class Side(Protocol):
         """Forward and backward of micro-batch ``k``; grads accumulate into ``.grad``."""
 
     def end_window(self) -> None:
-        """After the window's last micro-batch (``Scenario.reduce_after_window``: reduce now)."""
+        """After the window's last micro-batch (the FSDP2 side runs ``Scenario.hooks`` here)."""
 
     def scale(self, factor: float) -> None:
         """Multiply every grad by ``factor`` (the recipe's accumulation scaling)."""
