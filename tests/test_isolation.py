@@ -35,6 +35,31 @@ def test_an_added_callable_is_taken_out_unnamed_and_a_replaced_one_named():
             del torch.nn.Module.smart_apply
 
 
+def test_a_sharding_rule_a_cell_registered_is_named_and_taken_out():
+    """DTensor's op tables are containers: a strategy registered for an op (bug R's patch, or a
+    stack's) is named on the record and taken out, and a replaced one put back."""
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    from harness.rank.registries import Registries
+
+    prop = DTensor._op_dispatcher.sharding_propagator
+    table = prop.op_strategy_funcs
+    op, other = torch.ops.aten.alias.default, torch.ops.aten.detach.default
+    had, own, before = table.get(op), table.get(other), Registries.take()
+    table[op] = added = lambda schema: None
+    table[other] = lambda schema: None
+    try:
+        assert before.changes() == ["left DTensor sharding rules changed (op_strategy_funcs: aten.alias.default, "
+                                    "aten.detach.default)"]
+        before.restore()
+        assert table.get(other) is own and table.get(op) is had is not added and before.changes() == []
+    finally:
+        table[other] = own
+        if had is not None:
+            table[op] = had
+
+
 def test_snapshot_restores_torch_and_reinstall_is_fresh():
     script = textwrap.dedent('''
         import importlib, sys

@@ -35,6 +35,7 @@ from harness.rank.groups import CellGroups, ProbeCache, keep_group
 from harness.rank.judging import check_saved, dump, save_observed, scenario_for
 from harness.rank.leaks import CellState, TorchAttributes
 from harness.rank.phases import CLOCK, fold, read_totals
+from harness.rank.registries import Registries
 from harness.rank.skips import skip_fields
 from harness.rank.state import GlobalState
 from harness.rank.watchdog import CellTimeout, Watchdog
@@ -81,6 +82,9 @@ class CellRun:
     #: the process-wide state from before the active patch set's import and install, put back
     #: with ``undo`` when the set changes (``harness.rank.state``)
     set_state: GlobalState | None = None
+    #: torch's registries before the active patch set was installed (a set may register a
+    #: DTensor sharding rule), put back with ``set_state``
+    set_registries: Registries | None = None
     #: the phase clock at the cell's start (``harness.rank.phases``): the record's ``phases`` count from it
     mark: dict[str, tuple[float, float]] = field(default_factory=dict)
     #: the default group, kept between the slot's healthy cells (``harness.rank.groups``)
@@ -256,12 +260,15 @@ class CellRun:
             self.baseline.restore()
             if self.set_state is not None:
                 self.set_state.restore()
-        self.undo, self.set_state, self.active, self.installs, self.utilities = None, None, names, {}, Utilities()
+            if self.set_registries is not None:
+                self.set_registries.restore()
+        self.undo, self.set_state, self.set_registries = None, None, None
+        self.active, self.installs, self.utilities = names, {}, Utilities()
         self.patch_changes, self.installed = [], {}
         if not names:
             return
         if not self.forked:
-            self.set_state = GlobalState.take()
+            self.set_state, self.set_registries = GlobalState.take(), Registries.take()
             self.undo = PatchUndo.take()
             forget_module(self.plan.config.patches)
         try:

@@ -1,7 +1,7 @@
 """What torch keeps in containers rather than attributes, which a cell may leave changed:
 global module hooks (``register_module_forward_hook`` and its kin), default saved-tensor
 hooks (``saved_tensors_hooks`` entered and never left), the dynamo, inductor and functorch
-configs. Taken at a cell's start, named and (where cells share a process) put back after it
+configs, DTensor's sharding rules (an op strategy registered for an op that had none). Taken at a cell's start, named and (where cells share a process) put back after it
 (``harness.rank.leaks.CellState``)."""
 
 from __future__ import annotations
@@ -39,6 +39,28 @@ def _saved_tensor_hooks() -> Any:
         return None
 
 
+def _propagator() -> Any:
+    """DTensor's sharding propagator, where ``torch.distributed.tensor`` is imported."""
+    module = sys.modules.get("torch.distributed.tensor")
+    dispatcher = getattr(getattr(module, "DTensor", None), "_op_dispatcher", None)
+    return getattr(dispatcher, "sharding_propagator", None)
+
+
+def _rules() -> dict[str, dict[Any, Any]]:
+    """Copies of the propagator's op tables (``op_strategy_funcs`` and its kin)."""
+    prop = _propagator()
+    return {k: dict(v) for k, v in vars(prop).items() if isinstance(v, dict)} if prop is not None else {}
+
+
+def _clear_rule_cache() -> None:
+    """Forget cached sharding decisions (made under rules that were put back)."""
+    cached = getattr(_propagator(), "propagate_op_sharding", None)
+    for clear in (getattr(cached, "cache_clear", None), getattr(getattr(cached, "cache", None), "cache_clear", None)):
+        if clear is not None:
+            clear()
+            return
+
+
 def _config(name: str) -> dict[str, Any] | None:
     module = sys.modules.get(name)
     copy = getattr(module, "get_config_copy", None)
@@ -55,13 +77,15 @@ class Registries:
     hooks: dict[str, dict[Any, Any]]
     saved_tensor_hooks: Any
     configs: dict[str, dict[str, Any] | None]
+    #: DTensor's sharding rules (``_rules``)
+    rules: dict[str, dict[Any, Any]]
 
     @classmethod
     def take(cls) -> Registries:
         module = sys.modules.get("torch.nn.modules.module")
         hooks = {name: dict(getattr(module, name)) for name in _HOOK_REGISTRIES if isinstance(getattr(module, name, None), dict)}
         return cls(hooks=hooks, saved_tensor_hooks=_saved_tensor_hooks(),
-                   configs={name: _config(name) for name in _CONFIGS})
+                   configs={name: _config(name) for name in _CONFIGS}, rules=_rules())
 
     def changes(self) -> list[str]:
         """One caveat per registry that differs now ("left a global forward hook registered")."""
@@ -98,6 +122,7 @@ class Registries:
                 if _saved_tensor_hooks() != self.saved_tensor_hooks:
                     caveat += " (not undone)"
             out.append(caveat)
+        out += self._settle_rules(put_back)
         for name, before in self.configs.items():
             now = _config(name)
             if before is None or now is None or now == before:
@@ -113,6 +138,26 @@ class Registries:
                 continue
             caveat = f"left {name} changed: {', '.join(keys[:5])}" + (" ..." if len(keys) > 5 else "")
             out.append(caveat + (" (not undone)" if put_back and _config(name) != before else ""))
+        return out
+
+    def _settle_rules(self, put_back: bool) -> list[str]:
+        prop, out = _propagator(), []
+        for name, before in self.rules.items():
+            table = getattr(prop, name, None)
+            if not isinstance(table, dict):
+                continue
+            changed = [k for k in table.keys() | before.keys() if table.get(k, _MISSING) is not before.get(k, _MISSING)]
+            if not changed:
+                continue
+            shown = ", ".join(sorted(str(k) for k in changed)[:3]) + (" ..." if len(changed) > 3 else "")
+            out.append(f"left DTensor sharding rules changed ({name}: {shown})")
+            if put_back:
+                for key in changed:
+                    if key in before:
+                        table[key] = before[key]
+                    else:
+                        del table[key]
+                _clear_rule_cache()
         return out
 
     def restore(self) -> None:
