@@ -19,8 +19,10 @@ the bug is fixed natively.
   init) draws the full tensor and keeps this rank's slice; ``init_full_then_shard`` also exported.
 * ``patch_fsdp_shard_by_dtype`` (bug K): parameters of several dtypes in one unit; it
   wraps ``torch.distributed.fsdp.fully_shard`` with ``fully_shard_by_dtype``, also exported.
+* ``patch_alias_sharding_strategy`` (bug R): ``aten.alias.default`` without a DTensor
+  sharding strategy (torch 2.9).
 
-``apply_all`` installs all eight in a working order (``PATCHES``: A before E, which sits
+``apply_all`` installs all nine in a working order (``PATCHES``: A before E, which sits
 around A). The gradient
 utilities ``clip_grad_norm_``, ``get_total_grad_norm`` and ``scale_grads_`` (bugs F, G,
 H) are re-exported from ``fsdp_patches.grads``; ``finalize_backward(root)`` (bug O) reduces the
@@ -39,6 +41,7 @@ from collections.abc import Callable
 
 from ._wrapping import PatchResult, undo_all
 from .accumulated_grad import patch_fsdp_accumulated_grad_guard
+from .alias_strategy import patch_alias_sharding_strategy
 from .by_dtype import fully_shard_by_dtype, patch_fsdp_shard_by_dtype
 from .finalize import finalize_backward
 from .gloo_avg import patch_fsdp_gloo_reduce_scatter_avg
@@ -60,6 +63,7 @@ __all__ = [
     "fully_shard_by_dtype",
     "get_total_grad_norm",
     "init_full_then_shard",
+    "patch_alias_sharding_strategy",
     "patch_fsdp_accumulated_grad_guard",
     "patch_fsdp_gloo_reduce_scatter_avg",
     "patch_fsdp_late_unfreeze_reduce_dtype",
@@ -82,6 +86,7 @@ PATCHES: dict[str, Callable[[], PatchResult]] = {
     "late_unfreeze_reduce_dtype": patch_fsdp_late_unfreeze_reduce_dtype,
     "gloo_reduce_scatter_avg": patch_fsdp_gloo_reduce_scatter_avg,
     "meta_init_full_rng": patch_fsdp_meta_init_full_rng,
+    "alias_sharding_strategy": patch_alias_sharding_strategy,
 }
 
 
