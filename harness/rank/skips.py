@@ -33,7 +33,11 @@ def skip_fields(cell: Cell, scenario: Scenario) -> CellOutcome | None:
 
 
 def _declared(cell: Cell, scenario: Scenario) -> str | None:
-    """A skip the scenario or the run declares: a public API or a meta-device build this torch lacks."""
+    """A skip the scenario or the run declares: a torch feature (``Scenario.hooks``), a public API
+    or a meta-device build this torch lacks."""
+    for hook in scenario.hooks:
+        if why := hook.unavailable():
+            return why
     needs = scenario.api if cell.variant == "api" else None
     if cell.variant == "vanilla" and scenario.sharding.reduce_scatter_unused_params:
         needs = UNUSED_PARAMS_API

@@ -6,6 +6,9 @@ recipe (``harness.train.recipe``), with the collectives it runs counted under th
 already hold the window's full-batch grads. Where a hook needs the scenario declared a
 certain way, ``problems(scenario)`` names what is wrong and the scenario does not load.
 
+A hook may also say what the scenario needs of torch (``unavailable()``): where that is
+absent, its cells are skipped with the reason (``NeedsTorch``).
+
 A new kind of hook is a class here with ``phase`` and the points it implements, and the
 scenarios that list it; nothing else in the harness changes.
 """
@@ -22,7 +25,7 @@ if TYPE_CHECKING:
     from harness.scenario.spec import Scenario
     from harness.undertest.source import Utilities
 
-__all__ = ["Hook", "ReduceAfterWindow", "WindowEnd"]
+__all__ = ["Hook", "NeedsTorch", "ReduceAfterWindow", "WindowEnd"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,6 +53,10 @@ class Hook:
     def problems(self, scenario: Scenario) -> list[str]:
         """What in ``scenario`` this hook cannot work with; none: it can."""
         return []
+
+    def unavailable(self) -> str | None:
+        """Why this torch cannot run the scenario (its cells are skipped with it); None: it can."""
+        return None
 
     def end_window(self, at: WindowEnd) -> None:
         """After the window's last backward, before grad scaling and the grads' snapshot."""
@@ -79,3 +86,23 @@ class ReduceAfterWindow(Hook):
             at.utilities.finalize_backward(at.root)
         else:
             at.root.set_requires_gradient_sync(True)
+
+
+@dataclass(frozen=True)
+class NeedsTorch(Hook):
+    """The scenario needs ``attr`` of torch (``"Tensor.grad_dtype"``, looked up from ``torch``),
+    which torch has since ``since``; its cells are skipped where it is absent."""
+
+    attr: str
+    since: str
+    phase: ClassVar[str] = "needs"
+
+    def unavailable(self) -> str | None:
+        import torch
+
+        owner: object = torch
+        for part in self.attr.split("."):
+            if not hasattr(owner, part):
+                return f"recipe needs torch.{self.attr} (torch >= {self.since}), absent in this torch"
+            owner = getattr(owner, part)
+        return None

@@ -216,7 +216,8 @@ class ReferenceSide:
     def micro_batch(self, step: int, k: int, micro_batch: MicroBatch) -> None:
         for name, g in self._mean_over_ranks(step, k, micro_batch.sync).items():
             p = self.named[name]
-            p.grad = g.to(p.dtype) if p.grad is None else p.grad + g.to(p.dtype)
+            dtype = getattr(p, "grad_dtype", None) or p.dtype  # torch >= 2.10: grads kept in the asked dtype
+            p.grad = g.to(dtype) if p.grad is None else p.grad + g.to(dtype)
 
     def _mean_over_ranks(self, step: int, k: int, sync: bool) -> dict[str, torch.Tensor]:
         """Mean over ranks of each parameter's gradient for micro-batch ``k`` (only used ones)."""
