@@ -21,7 +21,7 @@ class Sharding:
     before the root); ``"a+b"`` shards both as one group (``fully_shard([a, b])``: modules
     that share a tied parameter). ``replicate`` > 1 makes an HSDP mesh ``(replicate, world // replicate)``
     with dims ("replicate", "shard"); ``tp`` > 1 a 2-D mesh ``(world // tp, tp)`` with dims
-    ("dp", "tp"), where ``tp_plan(model, tp_mesh)`` applies tensor parallelism before
+    ("dp", ``tp_dim``), where ``tp_plan(model, tp_mesh)`` applies tensor parallelism before
     ``fully_shard`` over "dp" (the ranks of one "dp" index see the same data); else a 1-D
     FSDP mesh. ``prepare(model)`` runs on the FSDP side before sharding (activation
     checkpointing, ``torch.compile`` of blocks); it must keep parameter names.
@@ -33,6 +33,9 @@ class Sharding:
     replicate: int = 1
     tp: int = 1
     tp_plan: Callable[[nn.Module, object], object] | None = None
+    #: the name of the second mesh dim when ``tp`` > 1 (expert-parallel stacks name it "ep",
+    #: and their clipping finds expert parameters by that name)
+    tp_dim: str = "tp"
     prepare: Callable[[nn.Module], object] | None = None
     param_dtype: torch.dtype | None = None
     reduce_dtype: torch.dtype | None = None
@@ -52,6 +55,8 @@ class Sharding:
     init: Literal["full", "meta"] = "full"
 
     def __post_init__(self) -> None:
+        if self.tp_dim in ("dp", "replicate", "shard") or not self.tp_dim.isidentifier():
+            raise ValueError(f"Sharding.tp_dim {self.tp_dim!r}: a name of its own, e.g. 'tp' or 'ep'")
         if self.init not in ("full", "meta"):
             raise ValueError(f"Sharding.init must be 'full' or 'meta', not {self.init!r}")
 
@@ -70,7 +75,7 @@ class Sharding:
         shape = self.mesh_shape(world_size)
         if len(shape) == 1:
             return ("shard",)
-        return ("dp", "tp") if self.tp > 1 else ("replicate", "shard")
+        return ("dp", self.tp_dim) if self.tp > 1 else ("replicate", "shard")
 
     def data_parallel(self, world_size: int) -> int:
         """How many ranks see different data (tensor-parallel ranks share theirs)."""

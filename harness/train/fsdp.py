@@ -105,7 +105,7 @@ def build_model(scenario: Scenario, mesh: DeviceMesh, device_type: str, api: Pub
         s.prepare(model)
     if s.tp > 1:
         assert s.tp_plan is not None, f"{scenario.name}: Sharding.tp needs a tp_plan"
-        s.tp_plan(model, mesh["tp"])
+        s.tp_plan(model, mesh[s.tp_dim])
         mesh = mesh["dp"]
     kwargs: dict[str, Any] = {"mesh": mesh}
     if s.param_dtype is not None or s.reduce_dtype is not None or s.mp_fields:
