@@ -116,6 +116,13 @@ BUGS: tuple[Bug, ...] = (
     Bug(letter="Q", name="A frozen non-float parameter in an FSDP unit (packed weights of a quantized base)",
         symptom="RuntimeError: only Tensors of floating point dtype can require gradients",
         upstream="pytorch/pytorch#177844, pytorch/pytorch#185239", affected="2.7 – 2.11 (fixed in 2.12)"),
+    Bug(letter="R", name="A DTensor sliced over its whole extent (an alias) has no sharding strategy",
+        symptom="NotImplementedError: Operator aten.alias.default does not have a sharding strategy registered.",
+        upstream="pytorch/pytorch#170427 (fixed by pytorch/pytorch#166867)", affected="2.9 (2.9.0 and 2.9.1)",
+        patch="alias_sharding_strategy"),
+    Bug(letter="S", name="A parameter's grad_dtype dropped by fully_shard (bf16 weights, fp32 grads asked)",
+        symptom="silent: grads come out bf16 where fp32 was asked; reduced and kept in bf16",
+        upstream="pytorch/pytorch#170648", affected="2.10 – 2.14 (fixed in 2.15; no grad_dtype before 2.10)"),
 )
 
 
