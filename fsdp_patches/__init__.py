@@ -19,10 +19,11 @@ the bug is fixed natively.
   init) draws the full tensor and keeps this rank's slice; ``init_full_then_shard`` also exported.
 * ``patch_fsdp_shard_by_dtype`` (bug K): parameters of several dtypes in one unit; it
   wraps ``torch.distributed.fsdp.fully_shard`` with ``fully_shard_by_dtype``, also exported.
+* ``patch_fsdp_nonfloat_params`` (bug Q): a frozen non-float parameter (torch < 2.12).
 * ``patch_alias_sharding_strategy`` (bug R): ``aten.alias.default`` without a DTensor
   sharding strategy (torch 2.9).
 
-``apply_all`` installs all nine in a working order (``PATCHES``: A before E, which sits
+``apply_all`` installs all ten in a working order (``PATCHES``: A before E, which sits
 around A). The gradient
 utilities ``clip_grad_norm_``, ``get_total_grad_norm`` and ``scale_grads_`` (bugs F, G,
 H) are re-exported from ``fsdp_patches.grads``; ``finalize_backward(root)`` (bug O) reduces the
@@ -47,6 +48,7 @@ from .finalize import finalize_backward
 from .gloo_avg import patch_fsdp_gloo_reduce_scatter_avg
 from .grads import clip_grad_norm_, get_total_grad_norm, scale_grads_
 from .meta_init import init_full_then_shard, patch_fsdp_meta_init_full_rng
+from .nonfloat import patch_fsdp_nonfloat_params
 from .reduce_dtype import patch_fsdp_uniform_reduce_dtype
 from .unfreeze import patch_fsdp_late_unfreeze_reduce_dtype
 from .unused_params import (
@@ -68,6 +70,7 @@ __all__ = [
     "patch_fsdp_gloo_reduce_scatter_avg",
     "patch_fsdp_late_unfreeze_reduce_dtype",
     "patch_fsdp_meta_init_full_rng",
+    "patch_fsdp_nonfloat_params",
     "patch_fsdp_restore_unused_param_grads",
     "patch_fsdp_shard_by_dtype",
     "patch_fsdp_uniform_reduce_dtype",
@@ -87,6 +90,7 @@ PATCHES: dict[str, Callable[[], PatchResult]] = {
     "gloo_reduce_scatter_avg": patch_fsdp_gloo_reduce_scatter_avg,
     "meta_init_full_rng": patch_fsdp_meta_init_full_rng,
     "alias_sharding_strategy": patch_alias_sharding_strategy,
+    "nonfloat_params": patch_fsdp_nonfloat_params,
 }
 
 
