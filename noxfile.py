@@ -4,7 +4,8 @@
     nox -s "matrix(torch='2.12.1', device='cpu')"
     FSDP_COMPAT_MATRIX=my.yaml nox -s matrix   # another matrix file (or: nox -s matrix -- --config my.yaml)
     nox -s tests                       # the test suite (torch 2.13.0, CPU)
-    nox -s report                      # reports/compat.{md,html,csv} from runs/matrix
+    nox -s report                      # reports/compat.{md,html,csv} from runs/matrix (and runs/stacks)
+    nox -s stacks                      # public stacks' patch functions on every CPU torch version
     nox -s prerelease                  # newest stable torch -> each pre-release torch of the records
     nox -s bench                       # launch amortization benchmark
     nox -s mutants                     # mutants of fsdp_patches: does some scenario catch each one?
@@ -77,7 +78,8 @@ def report(session: nox.Session) -> None:
     """Build reports/compat.{md,html,csv} from the matrix records."""
     session.install("pandas", "packaging", "tabulate", "jinja2")
     records = _posargs(session) or [str(RUNS.relative_to(ROOT))]  # relative: the report names its sources
-    session.run("python", "-m", "harness", "report", "--records", *records, "--out", "reports",
+    stacks = ["--stacks", "runs/stacks"] if (ROOT / "runs" / "stacks").is_dir() else []
+    session.run("python", "-m", "harness", "report", "--records", *records, "--out", "reports", *stacks,
                 env={"PYTHONPATH": str(ROOT)})
 
 
@@ -135,6 +137,20 @@ def repro(session: nox.Session) -> None:
     own = harness_folder(Path(python).parent.parent)  # the matrix venv's bytecode, shared
     session.run(python, "-m", "harness", "repro", *rest, "--device", known.device,
                 env={"PYTHONPATH": str(ROOT), **bytecode_env(own)}, external=True)
+
+
+@nox.session(python=False)
+def stacks(session: nox.Session) -> None:
+    """Public stacks (stacks/): fetch each stack's wheel (no dependencies; offline: one line and a
+    skip), then judge its patch functions on every CPU torch version of matrix.yaml; records in
+    runs/stacks/, the report's Public stacks section (nox -s report). -- --stack NAME: only it."""
+    env = {"PYTHONPATH": str(ROOT)}
+    session.run(sys.executable, "-m", "harness", "stacks", "fetch", env=env, external=True, success_codes=[0, 1])
+    for torch in [v for v, device in MATRIX.cells() if device == "cpu"]:
+        python = _torch_env(session, torch, "cpu")
+        own = harness_folder(Path(python).parent.parent)
+        session.run(python, "-m", "harness", "stacks", "run", "--out", "runs/stacks", *session.posargs,
+                    env={**env, **bytecode_env(own)}, external=True)
 
 
 #: world-size-1 cells where the GPU matters: bf16 compute on cuda (B, C) and grads

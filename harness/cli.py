@@ -87,6 +87,8 @@ def _parser() -> argparse.ArgumentParser:
     rep = sub.add_parser("report", help="build compat.{md,html,csv} from records")
     rep.add_argument("--records", nargs="+", action="extend", metavar="PATH", help=".jsonl files or folders (default: runs)")
     rep.add_argument("--out", default="reports", metavar="DIR", help="output folder (default: reports)")
+    rep.add_argument("--stacks", default=None, metavar="DIR",
+                     help="records of `harness stacks run` (e.g. runs/stacks): adds the Public stacks section")
     rep.set_defaults(func=_cmd_report)
 
     df = sub.add_parser("diff", help="what changed between two runs (records or compat.csv); exit 1 if anything got worse")
@@ -102,6 +104,15 @@ def _parser() -> argparse.ArgumentParser:
     pre.add_argument("--records", nargs="+", action="extend", metavar="PATH", help=".jsonl files or folders (default: runs)")
     pre.add_argument("--out", default=None, metavar="FILE", help="also write the Markdown here (empty: no pre-release)")
     pre.set_defaults(func=_cmd_prerelease)
+
+    st = sub.add_parser("stacks", help="public training stacks (stacks/): fetch their wheels, or judge their patch "
+                                       "functions on the torch installed here")
+    st.add_argument("action", choices=("fetch", "run", "list"))
+    st.add_argument("--stack", action="append", default=None, metavar="NAME", help="run only this stack (repeatable)")
+    st.add_argument("--out", default="runs/stacks", metavar="DIR", help="records folder (default: runs/stacks)")
+    st.add_argument("--cache", default=None, metavar="DIR", help="where wheels are unpacked (default: runs/stacks/wheels)")
+    st.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    st.set_defaults(func=_cmd_stacks)
 
     bs = sub.add_parser("blind-spots", help="what faults injected by run --fault went unnoticed, per scenario; "
                                             "exit 1 if any")
@@ -179,8 +190,23 @@ def _cmd_repro(args: argparse.Namespace) -> int:
     return 0 if rec.as_expected else EXIT_UNEXPECTED
 
 
+def _cmd_stacks(args: argparse.Namespace) -> int:
+    from harness.launch import stacks
+    from harness.undertest.stacks import DEFAULT_CACHE, load_stacks
+
+    cache = Path(args.cache) if args.cache else DEFAULT_CACHE
+    if args.action == "list":
+        for stack in load_stacks(stacks.STACKS_DIR):
+            for j in stack.judged:
+                print(f"{stack.label:24} {j.function:48} bug {j.bugs:6} as {j.patch} in {', '.join(j.scenarios)}")
+        return 0
+    if args.action == "fetch":
+        return 1 if stacks.fetch_all(cache=cache) else 0
+    return stacks.run_all(Path(args.out), cache=cache, device=args.device, only=args.stack)
+
+
 def _cmd_report(args: argparse.Namespace) -> int:
-    return _record_commands().report(args.records or ["runs"], args.out)
+    return _record_commands().report(args.records or ["runs"], args.out, stacks=args.stacks)
 
 
 def _cmd_diff(args: argparse.Namespace) -> int:

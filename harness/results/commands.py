@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from harness.results.diff import diff_runs, load_side, prerelease_lane
-from harness.results.report import write_outputs
+from harness.results.report import with_stacks, write_outputs
 from harness.results.tables import build_tables
 
 __all__ = ["blind_spots", "diff", "prerelease", "report"]
@@ -18,9 +18,10 @@ __all__ = ["blind_spots", "diff", "prerelease", "report"]
 EXIT_WORSE = 1
 
 
-def report(records: Sequence[str], out: str) -> int:
-    """compat.{md,html,csv} and compat-patches.csv in ``out``; prints their paths."""
-    tables = build_tables(records)
+def report(records: Sequence[str], out: str, stacks: str | None = None) -> int:
+    """compat.{md,html,csv} and compat-patches.csv in ``out`` (with ``stacks``' records, the
+    Public stacks section and compat-stacks.csv); prints their paths."""
+    tables = with_stacks(build_tables(records), stacks)
     written = write_outputs(tables, out)
     if tables.skipped:
         print(f"warning: skipped {len(tables.skipped)} malformed lines (listed in the report)", file=sys.stderr)

@@ -27,6 +27,7 @@ from harness.results.decisions import deployed_line, lane_notes, lifecycle, torc
 from harness.results.render import Section, html_page, markdown
 from harness.results.safe import read_report_csv, safe_id, write_report_csv
 from harness.results.sensitivity import blind_spot_lines
+from harness.results.stacks import STACKS_DIR, stack_rows, status_class
 from harness.results.style import (
     ADJUSTED,
     BLIND_SPOTS,
@@ -58,6 +59,8 @@ def header(tables: ReportTables) -> list[str]:
 def sections(tables: ReportTables) -> list[Section]:
     """The report's parts, in order."""
     out = [s for device in tables.devices for s in _patch_sections(tables, device)]
+    if not tables.stacks.empty:
+        out.append(_stacks(tables))
     for device in tables.devices:
         out += [_heatmap(tables, device), _environment(tables, device)]
     out.append(Section(title="Collective changes between torch versions", anchor="ledger", notes=tables.ledger_changes))
@@ -88,6 +91,21 @@ def _patch_sections(tables: ReportTables, device: str) -> list[Section]:
                            table=grid, index=True, table_class="patches", classes=grid.map(lambda s: css("p", s)),
                            titles=_patch_grid(tables, device, "detail").map(lambda d: d.replace("; ", "\n"))))
     return out
+
+
+def _stacks(tables: ReportTables) -> Section:
+    """Public stacks: each judged function's status per torch (CPU), the cells behind it on hover."""
+    table, details = tables.stacks, tables.stack_details
+    versions = [c for c in table.columns if c not in ("stack", "function", "bugs", "as patch")]
+    classes = table.copy()
+    classes.loc[:, :] = ""
+    classes[versions] = table[versions].map(lambda s: css("p", status_class(s)))
+    return Section(title="Public stacks: cpu", anchor="stacks", table=table, table_class="patches stacks",
+                   intro=["Patch functions training stacks ship, judged as they ship them (the entries in stacks/, "
+                          "run by python -m harness stacks run): what to do with each per torch version; hover for the "
+                          "cells that decided it."],
+                   notes=tables.stack_notes, classes=classes,
+                   titles=details.map(lambda d: str(d).replace("; ", "\n")))
 
 
 def _heatmap(tables: ReportTables, device: str) -> Section:
@@ -208,12 +226,28 @@ def write_outputs(tables: ReportTables, out_dir: str | Path) -> dict[str, Path]:
     paths["html"].write_text(html_page(lines, parts), encoding="utf-8")
     write_report_csv(tables.cells, paths["csv"], columns=LONG_COLUMNS)
     write_report_csv(tables.patches, paths["patches_csv"])
+    if tables.stacks.empty:
+        del paths["stacks_csv"]
+    else:
+        write_report_csv(tables.stacks, paths["stacks_csv"])
     return paths
 
 
-def build_report(paths: Sequence[str | Path], out_dir: str | Path) -> dict[str, Path]:
-    """Write compat.md, compat.html and compat.csv; returns {"md"|"html"|"csv": path}."""
-    return write_outputs(build_tables(paths), out_dir)
+def build_report(paths: Sequence[str | Path], out_dir: str | Path, stacks: str | Path | None = None) -> dict[str, Path]:
+    """Write compat.md, compat.html and compat.csv (and compat-stacks.csv with the records of
+    ``harness stacks run`` in ``stacks``); returns {"md"|"html"|"csv"|...: path}."""
+    return write_outputs(with_stacks(build_tables(paths), stacks), out_dir)
+
+
+def with_stacks(tables: ReportTables, folder: str | Path | None) -> ReportTables:
+    """``tables`` with the Public stacks section's rows, where ``folder`` holds stack records."""
+    if folder is None or not Path(folder).is_dir():
+        return tables
+    from harness.undertest.stacks import load_stacks
+
+    tables.stacks, tables.stack_details, tables.stack_notes = stack_rows(Path(folder), load_stacks(STACKS_DIR),
+                                                                         versions=tables.versions("cpu") or None)
+    return tables
 
 
 assert set(SHORT) == set(VERDICTS), "every verdict needs a heatmap label"

@@ -12,7 +12,7 @@ __all__ = ["ADJUSTED", "BLIND_SPOTS", "FLAG", "LEGEND", "OUTPUT_NAMES", "PATCH_C
 
 TITLE = "FSDP2 patch compatibility report"
 OUTPUT_NAMES: Mapping[str, str] = {"md": "compat.md", "html": "compat.html", "csv": "compat.csv",
-                                   "patches_csv": "compat-patches.csv"}
+                                   "patches_csv": "compat-patches.csv", "stacks_csv": "compat-stacks.csv"}
 FLAG, ADJUSTED = "⚠", "†"
 #: verdict -> (heatmap label, colour)
 SHORT: Mapping[str, tuple[str, str]] = {

@@ -224,6 +224,10 @@ class ReportTables:
     ledgers: dict[CellKey, Summary] = field(default_factory=dict)
     #: records of cells run with a fault injected: scenario x fault (``harness.results.sensitivity``)
     blind_spots: pd.DataFrame = field(default_factory=pd.DataFrame)
+    #: public stacks: function x torch -> status, the cells behind each, notes (``harness.results.stacks``)
+    stacks: pd.DataFrame = field(default_factory=pd.DataFrame)
+    stack_details: pd.DataFrame = field(default_factory=pd.DataFrame)
+    stack_notes: list[str] = field(default_factory=list)
 
     @property
     def devices(self) -> list[str]:
