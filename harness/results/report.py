@@ -27,7 +27,7 @@ from harness.results.decisions import deployed_line, lane_notes, lifecycle, torc
 from harness.results.render import Section, html_page, markdown
 from harness.results.safe import read_report_csv, safe_id, write_report_csv
 from harness.results.sensitivity import blind_spot_lines
-from harness.results.stacks import STACKS_DIR, stack_rows, status_class
+from harness.results.stacks import stack_rows, status_class
 from harness.results.style import (
     ADJUSTED,
     BLIND_SPOTS,
@@ -42,6 +42,7 @@ from harness.results.style import (
 )
 from harness.results.tables import LONG_COLUMNS, ReportTables, build_tables, verdict_counts
 from harness.results.verdict import rule_rows
+from harness.undertest.stacks import STACKS_DIR, load_stacks
 from harness.vocabulary import VARIANTS, VERDICTS
 
 __all__ = ["OUTPUT_NAMES", "SHORT", "VERDICT_COLORS", "PATCH_COLORS", "Section", "build_report", "header",
@@ -243,8 +244,6 @@ def with_stacks(tables: ReportTables, folder: str | Path | None) -> ReportTables
     """``tables`` with the Public stacks section's rows, where ``folder`` holds stack records."""
     if folder is None or not Path(folder).is_dir():
         return tables
-    from harness.undertest.stacks import load_stacks
-
     tables.stacks, tables.stack_details, tables.stack_notes = stack_rows(Path(folder), load_stacks(STACKS_DIR),
                                                                          versions=tables.versions("cpu") or None)
     return tables

@@ -14,11 +14,11 @@ from pathlib import Path
 import pandas as pd
 
 from harness.results.tables import build_tables
-from harness.undertest.stacks import STACKS_DIR, Stack
+from harness.undertest.stacks import Stack
 from harness.versions import sorted_torch
 from harness.vocabulary import PS_NOT_APPLICABLE, PS_NOT_RUN
 
-__all__ = ["NOT_ON_CPU", "STACKS_DIR", "stack_rows", "status_class"]
+__all__ = ["NOT_ON_CPU", "stack_rows", "status_class"]
 
 NOT_ON_CPU = "not applicable on CPU"
 
