@@ -210,6 +210,36 @@ def test_a_namespace_where_only_plain_values_moved_is_skipped_until_its_dict_cha
         baseline.restore()
 
 
+def test_a_child_held_by_a_thread_threading_does_not_list_is_found():
+    """A thread outside ``threading.enumerate()`` (one ``join()`` has let go of but the OS has
+    not yet ended, or one started with ``_thread``) still holds its children: the scan reads
+    every thread it has not seen before, so the child is found, and taken out afterwards."""
+    import _thread
+    import threading
+
+    from harness.rank.leaks import _children
+
+    before = _children()
+    started: list[subprocess.Popen] = []
+    hold, ready = threading.Lock(), threading.Event()
+    hold.acquire()
+
+    def start_and_hold():
+        started.append(subprocess.Popen(["sleep", "30"]))
+        ready.set()
+        hold.acquire()
+
+    _thread.start_new_thread(start_and_hold, ())
+    try:
+        assert ready.wait(10)
+        assert _children() - before == {started[0].pid}
+    finally:
+        hold.release()
+        for p in started:
+            p.kill()
+            p.wait()
+
+
 def test_child_processes_are_found_whichever_thread_started_them():
     """The children scan reads the main thread's and every Python thread's children (not
     gloo's native threads): a process started from the main thread, from a live thread, and

@@ -236,22 +236,31 @@ class CellState:
         return [f"left {len(names)} child process(es) running: {', '.join(sorted(set(names)))} (ended)"] if names else []
 
 
+_NATIVE_SEEN: set[int] = set()
+
+
 def _children() -> frozenset[int]:
     """This process's child processes: from ``/proc/self/task/<thread>/children`` of the main
-    thread and every Python thread, where Linux has it (a fraction of a millisecond), else
-    psutil, which reads every process's parent (8 ms). Native threads are left out: a rank
-    holds two gloo threads per process group it made (over a hundred after a launch's
-    cells, 4.7 ms per scan reading them all), and they start no processes; a process
-    whose thread ended is handed to a live thread of the process, the main thread first."""
+    thread, every Python thread, and every thread first seen since the last scan, where Linux
+    has it (a fraction of a millisecond), else psutil, which reads every process's parent
+    (8 ms). Native threads already seen are left out: a rank holds two gloo threads per
+    process group it made (over a hundred after a launch's cells, 4.7 ms per scan reading
+    them all), and they start no processes. A Python thread that ``join()`` has let go of
+    can still hold its children for a moment before the OS ends it (1 scan in 300 missed
+    one); it is no longer a Python thread, but it was not a native thread seen before, so
+    it is read. Once ended, its children go to a live thread, the main thread first."""
     try:
         pids: set[int] = set()
-        threads = {os.getpid(), *(t.native_id for t in threading.enumerate() if t.native_id is not None)}
-        for tid in threads:
+        python = {os.getpid(), *(t.native_id for t in threading.enumerate() if t.native_id is not None)}
+        present = {int(t) for t in os.listdir("/proc/self/task")}
+        for tid in python | (present - _NATIVE_SEEN):
             try:
                 with open(f"/proc/self/task/{tid}/children") as f:
                     pids.update(int(p) for p in f.read().split())
             except FileNotFoundError:  # a thread that ended meanwhile
                 continue
+        _NATIVE_SEEN.clear()
+        _NATIVE_SEEN.update(present - python)
         return frozenset(pids)
     except (OSError, ValueError):
         pass
