@@ -10,6 +10,12 @@ to the constructor.
 parameter made of non-float data is created with ``requires_grad=False`` (the only value
 non-float data can have). Chosen by feature detection: not applicable where ``FSDPParam``
 already creates the sharded parameter with the original's flag.
+
+torch 2.7 then stops at the group's dtypes: ``FSDPParamGroup._init_mp_dtypes`` counts frozen
+parameters too, "FSDP expects uniform original parameter dtype but got {torch.uint8,
+torch.float32}" (2.8 counts only trainable ones, pytorch/pytorch#154103). Where its source
+does not look at ``requires_grad``, the patch also wraps it so frozen non-float parameters
+are left out of that resolution (frozen float parameters of another dtype still count).
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ._compat import applicable, fsdp_param_class
+from ._compat import applicable, fsdp_param_class, fsdp_param_group_class
 from ._wrapping import (
     PatchResult,
     active_wrapper_in_chain,
@@ -65,6 +71,28 @@ def _sharding_nonfloat(call: Callable[..., Any], *args: Any, **kwargs: Any) -> A
         return call(*args, **kwargs)
 
 
+def _without_frozen_nonfloat(call: Callable[..., Any], group: Any, *args: Any, **kwargs: Any) -> Any:
+    """``_init_mp_dtypes`` over the group's parameters other than frozen non-float ones."""
+    params = group.fsdp_params
+    kept = [p for p in params if p.sharded_param.requires_grad or p.sharded_param.is_floating_point()]
+    if not kept or len(kept) == len(params):
+        return call(group, *args, **kwargs)
+    for fsdp_param in params:
+        fsdp_param.init_dtype_attrs(group.mp_policy)
+    group.fsdp_params = kept
+    try:
+        return call(group, *args, **kwargs)
+    finally:
+        group.fsdp_params = params
+
+
+def _counts_frozen_params(method: Any) -> bool:
+    try:
+        return "requires_grad" not in inspect.getsource(method)
+    except (OSError, TypeError):
+        return False
+
+
 def patch_fsdp_nonfloat_params() -> PatchResult:
     """Wrap ``fully_shard`` so a frozen non-float parameter can be sharded (bug Q)."""
     reason = applicable()
@@ -84,5 +112,11 @@ def patch_fsdp_nonfloat_params() -> PatchResult:
         return not_applicable(NONFLOAT_PARAMS, "torch.distributed.fsdp.fully_shard not found")
     if active_wrapper_in_chain(current, NONFLOAT_PARAMS):
         return already_installed(NONFLOAT_PARAMS)
-    wrapper = make_wrapper(current, NONFLOAT_PARAMS, _sharding_nonfloat)
-    return installed(NONFLOAT_PARAMS, f"wrapped {replace_attribute(fsdp, 'fully_shard', wrapper)}")
+    labels = [replace_attribute(fsdp, "fully_shard", make_wrapper(current, NONFLOAT_PARAMS, _sharding_nonfloat))]
+    group_cls = fsdp_param_group_class()
+    init_dtypes = getattr(group_cls, "_init_mp_dtypes", None)
+    if callable(init_dtypes) and _counts_frozen_params(init_dtypes) and not active_wrapper_in_chain(
+            init_dtypes, NONFLOAT_PARAMS):
+        wrapper = make_wrapper(init_dtypes, NONFLOAT_PARAMS, _without_frozen_nonfloat)
+        labels.append(replace_attribute(group_cls, "_init_mp_dtypes", wrapper))
+    return installed(NONFLOAT_PARAMS, f"wrapped {', '.join(labels)}")
