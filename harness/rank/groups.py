@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import torch.distributed as dist
 
 from harness.plan.cells import Cell
+from harness.train.gather import release_held
 
 __all__ = ["CellGroups", "ProbeCache", "keep_group", "release"]
 
@@ -120,16 +121,16 @@ class ProbeCache:
 def release(*, failed: bool) -> None:
     """Destroy every group; after a failure abort them first (NCCL: frees communicators
     stuck in a collective; gloo peers are released by socket shutdown)."""
-    if not dist.is_initialized():
-        return
-    abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
-    if failed and abort is not None:
-        try:
-            abort()
-        except Exception:
-            pass
     if dist.is_initialized():
-        dist.destroy_process_group()
+        abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
+        if failed and abort is not None:
+            try:
+                abort()
+            except Exception:
+                pass
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    release_held()  # only now: ``harness.train.gather`` says why
 
 
 def keep_group(outcomes: list, missing: list[int]) -> bool:

@@ -14,6 +14,15 @@ Both paths report grad presence that differs across ranks instead of desynchroni
 fast path also compares the pieces several ranks hold of the same region (HSDP's replicas):
 they must be equal, and where they are not, the largest difference is reported
 (``diverged``) instead of one replica silently overwriting the other.
+
+Objects travel through ``_exchange``, not ``gather_object``: the tensors it hands to gloo
+stay referenced here (``HELD``) until the groups are destroyed (``release_held``, called by
+``harness.rank.groups.release``). gloo's worker thread drops a finished collective while
+holding its queue's lock; where that drops the last reference to a tensor Python made, it
+needs the GIL, and a main thread that destroys the group at that moment holds the GIL and
+waits for the lock: torch 2.7.1 deadlocked so in 1 cell in 10 of
+``r_dtensor_alias_slice`` at world size 4 (gdb: ``~ProcessGroupGloo`` against
+``~AsyncGatherWork`` in ``THPVariable_subclass_dealloc``, waiting for the GIL).
 """
 
 from __future__ import annotations
@@ -24,9 +33,44 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
-__all__ = ["Deferred", "gather_full", "plain_placements"]
+__all__ = ["HELD", "Deferred", "gather_full", "plain_placements", "release_held"]
 
 Full = dict[str, "torch.Tensor | None"]
+
+#: every tensor handed to a collective by ``_exchange`` since the groups were last destroyed
+HELD: list[torch.Tensor] = []
+
+
+def release_held() -> None:
+    """Once the groups those collectives ran on are destroyed (their worker threads joined)."""
+    HELD.clear()
+
+
+def _exchange(obj: Any, *, rank: int, world: int, to_all: bool) -> list[Any] | None:
+    """Every rank's ``obj`` (picklable), on every rank (``to_all``) or on rank 0 only (others: None).
+    Collective on the default group."""
+    import pickle
+
+    device = torch.device("cpu")
+    find = getattr(dist.distributed_c10d, "_get_object_coll_device", None)
+    if find is not None:
+        device = torch.device(find(None))
+    payload = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8).to(device)
+    size = torch.tensor([payload.numel()], dtype=torch.long, device=device)
+    sizes = [torch.zeros(1, dtype=torch.long, device=device) for _ in range(world)]
+    dist.all_gather(sizes, size)
+    longest = int(max(int(s.item()) for s in sizes))
+    padded = torch.zeros(longest, dtype=torch.uint8, device=device)
+    padded[:payload.numel()] = payload
+    outs = [torch.empty(longest, dtype=torch.uint8, device=device) for _ in range(world)]
+    if to_all:
+        dist.all_gather(outs, padded)
+    else:
+        dist.gather(padded, outs if rank == 0 else None, dst=0)
+    HELD.extend([payload, size, *sizes, padded, *outs])
+    if not to_all and rank != 0:
+        return None
+    return [pickle.loads(out[:int(n.item())].cpu().numpy().tobytes()) for out, n in zip(outs, sizes)]
 
 
 def plain_placements(params: list[torch.Tensor]) -> bool:
@@ -73,11 +117,9 @@ class Deferred:
         if not self.pending:
             return
         pending, self.pending = self.pending, []
-        everyone: list[Any] | None = [None] * self.world if self.rank == 0 else None
-        dist.gather_object([p[1] for p in pending], everyone, dst=0)
-        if self.rank != 0:
+        everyone = _exchange([p[1] for p in pending], rank=self.rank, world=self.world, to_all=False)
+        if everyone is None:
             return
-        assert everyone is not None
         for k, (names, _, full, inconsistent, diverged) in enumerate(pending):
             _assemble(names, [_unpack(*everyone[r][k]) for r in range(self.world)], full, inconsistent, diverged)
 
@@ -155,8 +197,8 @@ def _unpack(meta: dict[str, Any], data: bytes) -> dict[str, Piece | None]:
 
 
 def _general(tensors: dict[str, torch.Tensor | None], rank: int, world: int) -> tuple[Full, dict[str, list[int]]]:
-    have: list[Any] = [None] * world
-    dist.all_gather_object(have, [n for n, t in tensors.items() if t is not None])
+    have = _exchange([n for n, t in tensors.items() if t is not None], rank=rank, world=world, to_all=True)
+    assert have is not None
     full: Full = {}
     inconsistent: dict[str, list[int]] = {}
     for name, t in tensors.items():
