@@ -29,6 +29,8 @@ class Progress:
         if rec.left_state:  # process-wide state the cell left changed (put back before the next cell)
             flag += f"  [{'; '.join(rec.left_state)}]"
         detail = rec.exc_msg or rec.worst or rec.reason or ""
+        if rec.reused_from:
+            detail = f"reused from run {rec.reused_from.get('run_id')}: {detail}"
         label = f"{rec.scenario}[{rec.variant},{rec.device},w{rec.world_size}]"
         print(f"[{self.n}/{total}, {total - self.n} left, {time.time() - self.t0:5.1f}s] {label:<52} {rec.status:<8} "
               f"{rec.duration_s or 0:5.2f}s  {detail[:90]}{flag}", flush=True)
@@ -51,7 +53,10 @@ def print_summary(records: list[Record], *, shuffle: int | None = None) -> None:
     for r in records:
         counts[r.status] = counts.get(r.status, 0) + 1
     summary = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
-    print(f"\n{len(records)} cells: {summary}; {sum(not r.as_expected for r in records)} not as expected", flush=True)
+    reused = sum(bool(r.reused_from) for r in records)
+    again = f" ({reused} reused: inputs unchanged since an as-expected record; --fresh runs them)" if reused else ""
+    print(f"\n{len(records)} cells: {summary}; {sum(not r.as_expected for r in records)} not as expected{again}",
+          flush=True)
 
 
 def rerun_command(req: Any, world: int) -> str:

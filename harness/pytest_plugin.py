@@ -110,7 +110,8 @@ class _Batch:
     def _run(self, cells: list) -> None:
         import os
 
-        from harness.launch.launcher import LaunchOptions, run_cells
+        from harness.launch.incremental import reuse
+        from harness.launch.launcher import LaunchOptions, RunResult, run_cells
 
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
         run = self.planned.config
@@ -121,10 +122,12 @@ class _Batch:
         # one launch per (device, world size) group: the group a pytest-xdist worker holds
         opts = LaunchOptions(config=run.with_(run_id=f"pytest-{stamp}-{worker}", out=out_path, per="world-size"),
                              patches_module_id=self.planned.module_id)
-        result = run_cells(cells, opts)
+        opts.out_path.parent.mkdir(parents=True, exist_ok=True)
+        reused, cells = reuse(cells, opts.config, opts.out_path)
+        result = run_cells(cells, opts) if cells else RunResult()
         if result.signal is not None:
             raise KeyboardInterrupt
-        self.records.update({r.cell: r for r in result.records})
+        self.records.update({r.cell: r for r in [*reused, *result.records]})
 
 
 class CellItem(pytest.Item):

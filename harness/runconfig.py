@@ -149,6 +149,10 @@ class RunConfig:
                                   help="run the cells in a random order from SEED (the same seed, the same order; "
                                        "recorded as order_seed): an outcome that changes with the order depends on "
                                        "an earlier cell")
+    #: run every cell, even one whose inputs equal a record's in the records file (``harness.launch.incremental``)
+    fresh: bool = _option(False, flag="--fresh", switch=True,
+                          help="run every cell (default: a cell whose inputs are unchanged since an as-expected record "
+                               "in the records file is answered by that record, marked reused_from)")
     #: "meta": every model built on the meta device (``harness.train.meta_build``)
     init: str = _option("full", flag="--init", choices=("full", "meta"),
                         help="meta: build every model on the meta device, shard, to_empty, reset_parameters (with "

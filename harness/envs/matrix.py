@@ -33,7 +33,7 @@ from harness.vocabulary import DEFAULT_MODULE
 __all__ = ["DeviceMatrix", "Matrix", "load_matrix", "parse_matrix"]
 
 _TOP_KEYS = {"patches", "patch_map", "scenarios", "scenarios_dirs", "world_sizes", "timeout_s", "devices",
-             "transformers", "install"}
+             "transformers", "install", "fresh"}
 _DEVICE_KEYS = {"torch", "world_sizes", "timeout_s"}
 _DEVICES = ("cpu", "cuda")
 _VERSION = re.compile(r"^\d+\.\d+\.\d+$")
@@ -60,6 +60,8 @@ class Matrix:
     #: torch version range ("" = every version) -> what every venv of that range installs
     #: (requirements, absolute wheel paths, ``-e`` + absolute folder)
     install: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    #: run every cell (``harness run --fresh``) instead of reusing records whose inputs are unchanged
+    fresh: bool = False
     #: extra scenario folders (absolute)
     scenarios_dirs: tuple[str, ...] = ()
 
@@ -200,7 +202,14 @@ def parse_matrix(data: Any, name: str = "matrix.yaml", *, base: Path | None = No
         )
     return Matrix(patches=patches, patch_map=dict(patch_map), scenarios=chosen, devices=tuple(parsed),
                   transformers=_ranges(data.get("transformers", {}), f"{name}: 'transformers'"),
-                  install=parse_install(data.get("install", []), f"{name}: 'install'", base), scenarios_dirs=dirs)
+                  install=parse_install(data.get("install", []), f"{name}: 'install'", base), scenarios_dirs=dirs,
+                  fresh=_flag(data.get("fresh", False), f"{name}: 'fresh'"))
+
+
+def _flag(value: Any, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{where} must be true or false, got {value!r}")
+    return value
 
 
 def _ranges(value: Any, where: str) -> dict[str, str]:

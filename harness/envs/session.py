@@ -216,4 +216,6 @@ def run_version(session: Any, matrix: Matrix, torch: str, device: str, *, root: 
         args += ["--patch-map", f"{name}={fn}"]
     for folder in matrix.scenarios_dirs:
         args += ["--scenarios-dir", folder]
+    if matrix.fresh:
+        args.append("--fresh")
     session.run("python", "-m", "harness", "run", *args, *rest, env=env)

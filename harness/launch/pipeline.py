@@ -11,9 +11,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.launch.incremental import reuse
 from harness.launch.launcher import LaunchOptions, RunResult, run_cells
 from harness.launch.outpath import prepare_out
 from harness.plan.cells import Cell, all_patch_names, plan_cells
+from harness.plan.inputs import CellInputs
 from harness.results.outcome import CellOutcome
 from harness.results.record import Record, append, finish, new_record
 from harness.runconfig import RunConfig
@@ -55,8 +57,11 @@ def plan(config: RunConfig) -> Planned:
         chosen, world_sizes=config.world_sizes or None, devices=config.devices, variants=config.variants,
         explicit_scenarios=bool(config.scenarios), timeout_s=config.timeout_s, fault=fault,
         deployed_patches=deployed_patches(vocabulary, source, config.patch_mapping), init=config.init)]
+    inputs = CellInputs(scenario_files=_scenario_files(library.modules), source=source,
+                        patch_mapping=config.patch_mapping, isolate=config.isolate)
     for i, c in enumerate(cells):
         c.index = i
+        c.inputs = inputs.key(c)
     if not cells and not broken:
         raise ValueError("nothing to run: no scenario supports the chosen world sizes and devices")
     for ws in config.world_sizes if chosen else []:
@@ -82,8 +87,9 @@ def run(config: RunConfig, *, on_start: Callable[[int, Path], None] | None = Non
     for warning in planned.warnings if on_warning else []:
         on_warning(warning)
     cells, broken = planned.cells, planned.broken
+    total = len(cells) + len(broken)
     opts = LaunchOptions(config=config, patches_module_id=planned.module_id,
-                         on_record=(lambda rec: on_record(rec, len(cells) + len(broken))) if on_record else None)
+                         on_record=(lambda rec: on_record(rec, total)) if on_record else None)
     prepare_out(opts.out_path, opts.log_dir)
     failed_loads = [_load_error_record(e, opts) for e in broken]
     for e in broken:
@@ -91,9 +97,24 @@ def run(config: RunConfig, *, on_start: Callable[[int, Path], None] | None = Non
             on_load_error(e)
     if on_start is not None:
         on_start(len(cells), opts.out_path)
+    reused, cells = reuse(cells, config, opts.out_path)
+    for rec in reused if opts.on_record else []:
+        opts.on_record(rec)
     result = run_cells(cells, opts) if cells else RunResult()
-    result.records[:0] = failed_loads
+    result.records[:0] = [*failed_loads, *reused]
     return result
+
+
+def _scenario_files(modules: dict[str, str]) -> dict[str, Path]:
+    """Scenario name -> the file that defines it (its module, loaded by ``load_scenarios``)."""
+    import sys
+
+    files = {}
+    for name, module in modules.items():
+        file = getattr(sys.modules.get(module), "__file__", None)
+        if file:
+            files[name] = Path(file)
+    return files
 
 
 def _load_error_record(error: LoadError, opts: LaunchOptions) -> Record:

@@ -50,6 +50,8 @@ class Cell:
     #: a fault injected on the FSDP2 side (``run --fault``, ``harness.train.faults``): the cell must
     #: turn into a mismatch that names every parameter the fault changed
     fault: str | None = None
+    #: the cell's inputs, hashed (``harness.plan.inputs``); set by the planning step
+    inputs: str = ""
 
     @property
     def label(self) -> str:

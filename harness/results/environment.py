@@ -1,7 +1,8 @@
 """The report's environment table: per device and torch, what the cells ran on (torch build,
 python, device, backend, host, machine, CPU model and the kernel set torch chose for it, the
 intra-op threads, dates, the torch source), from the ``env`` every record carries
-(``harness.results.machine``)."""
+(``harness.results.machine``), and how many cells were reused from an earlier run with the
+dates they were measured (``harness.launch.incremental``)."""
 
 from __future__ import annotations
 
@@ -15,11 +16,21 @@ __all__ = ["ENV_FIELDS", "ENV_LABELS", "environment_table"]
 ENV_FIELDS: tuple[str, ...] = ("python", "torch", "torch_build", "gpu", "host", "platform", "cpus", "torch_source",
                                "cpu_model", "cpu_capability", "threads")
 ENV_LABELS: tuple[str, ...] = ("torch build", "python", "device name", "backend", "host", "machine", "CPU", "CPU kernels",
-                               "date", "torch source")
+                               "date", "torch source", "reused cells")
 
 
 def _joined(values: Iterable[Any]) -> str:
     return ", ".join(sorted({str(v) for v in values if v == v and v is not None and v != ""}))
+
+
+def _reused(group: pd.DataFrame) -> str:
+    """"N of M, measured DATE – DATE" for cells answered by an earlier run's record."""
+    if "reused_from" not in group:
+        return ""
+    origins = [r for r in group["reused_from"] if isinstance(r, dict)]
+    if not origins:
+        return ""
+    return f"{len(origins)} of {len(group)}, measured {_date_range(r.get('started_at') for r in origins)}"
 
 
 def _date_range(stamps: Iterable[str]) -> str:
@@ -40,5 +51,6 @@ def environment_table(latest: pd.DataFrame) -> pd.DataFrame:
                      "device name": _joined(gpu if gpu else dev for gpu, dev in zip(g["env_gpu"], g["device"])),
                      "backend": _joined(g["backend"]), "host": _joined(g["env_host"]), "machine": _joined(machines),
                      "CPU": _joined(g["env_cpu_model"]), "CPU kernels": _joined(kernels),
-                     "date": _date_range(g["started_at"]), "torch source": _joined(g["env_torch_source"])})
+                     "date": _date_range(g["started_at"]), "torch source": _joined(g["env_torch_source"]),
+                     "reused cells": _reused(g)})
     return pd.DataFrame(rows, columns=["device", "torch", *ENV_LABELS])

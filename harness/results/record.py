@@ -78,6 +78,10 @@ class Record(CellOutcome):
     duration_s: float | None = None
     timeout_s: float | None = None
     env: dict[str, Any] = field(default_factory=dict)
+    #: the cell's inputs, hashed (``harness.plan.inputs``): a later run reuses this record for a cell with the same
+    inputs: str | None = None
+    #: this record answers its cell from an earlier run's: that run's ``run_id`` and ``started_at``
+    reused_from: dict[str, Any] | None = None
 
     @property
     def failed(self) -> bool:
@@ -200,6 +204,7 @@ def new_record(cell, outcome: CellOutcome, *, run_id: str, launch_id: str, patch
         expected=tuple(cell.expected), expected_match=cell.expected_match, as_expected=False,
         fixed_by=cell.fixed_by, upstream=cell.upstream, api=cell.api, api_replaces=list(cell.api_replaces),
         timeout_s=cell.timeout_s, env=environment(), init=cell.init, order_seed=order_seed,
+        inputs=getattr(cell, "inputs", "") or None,
     )
 
 

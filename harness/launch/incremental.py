@@ -1,0 +1,61 @@
+"""Pay only for what changed: a cell whose inputs (``harness.plan.inputs``) equal those of a
+record already in the run's records file is answered by that record instead of run.
+
+The newest record with the cell's key is reused when it was as expected and neither it nor
+the cell's documentation is a hang or a crash (those always run: they are the outcomes a
+rerun must confirm). The reused record is written again for this run, saying where it came
+from (``reused_from``: the run id and start time of the run that measured it; a record
+reused again keeps the first). ``--fresh`` (``fresh: true`` in ``matrix.yaml``), ``--shuffle``
+and ``--dump`` run everything.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from pathlib import Path
+
+from harness.plan.cells import Cell
+from harness.results.reading import load_records
+from harness.results.record import Record, RecordError, append
+from harness.runconfig import RunConfig
+
+__all__ = ["ALWAYS_RUN", "reusable_records", "reuse"]
+
+#: outcomes a rerun must confirm: never reused
+ALWAYS_RUN = frozenset({"hang", "crash"})
+
+
+def reusable_records(path: Path) -> dict[str, Record]:
+    """The newest as-expected record of each input key in the records file ``path``."""
+    if not path.is_file():
+        return {}
+    try:
+        found, _ = load_records([path])
+    except RecordError:
+        return {}
+    newest: dict[str, Record] = {}
+    for rec, _ in found:
+        if rec.inputs:
+            newest[rec.inputs] = rec  # file order: the last one wins, as expected or not
+    return {k: r for k, r in newest.items() if r.as_expected and r.status not in ALWAYS_RUN}
+
+
+def reuse(cells: list[Cell], config: RunConfig, out: Path) -> tuple[list[Record], list[Cell]]:
+    """The records reused for ``cells`` (already appended to ``out``), and the cells to run."""
+    if config.fresh or config.shuffle is not None or config.dump is not None:
+        return [], cells
+    known = reusable_records(out)
+    reused: list[Record] = []
+    to_run: list[Cell] = []
+    now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    for cell in cells:
+        old = known.get(cell.inputs) if cell.inputs else None
+        if old is None or cell.may_end_process:
+            to_run.append(cell)
+            continue
+        rec = dataclasses.replace(old, run_id=config.run_id or "", launch_id="reused", cell=cell.index, started_at=now,
+                                  reused_from=old.reused_from or {"run_id": old.run_id, "started_at": old.started_at})
+        append(out, rec)
+        reused.append(rec)
+    return reused, to_run

@@ -1,0 +1,214 @@
+"""A cell's inputs, hashed: what a record already on disk must share with a cell for the
+cell to be answered by it instead of run (``harness.launch.incremental``).
+
+The key (``CellInputs.key``) covers, for every cell:
+
+* the torch build (version, git hash, CUDA), read from the installed files, not imported;
+* the device and backend, and the machine: CPU model, the CPU kernel set torch may dispatch
+  to (its ISA flags, ``ATEN_CPU_CAPABILITY``), the GPU model where the cell is on CUDA;
+* the harness's own code (every ``harness/**/*.py``);
+* every distribution installed in the environment (name and version: transformers, the
+  ``install:`` entries of ``matrix.yaml``, ...);
+* the scenario's file and every project file it imports, transitively (``scenarios/_models.py``,
+  a user's helper beside their scenario);
+* the cell's options: variant, world size, mesh, timeout, init, fault, isolation, expectations.
+
+and, only for a cell that installs patches (patched, deployed, the meta-init workaround),
+the source those patches depend on: for each patch, the file that defines its function and
+every file of the module under test that file imports, transitively, plus the package's
+``__init__`` (it runs on import). A vanilla or api cell does not depend on the patches
+module at all; a patched cell does not depend on the patches it does not install.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import hashlib
+import json
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness.plan.cells import Cell
+from harness.undertest.source import PatchSource
+
+__all__ = ["PROJECT_ROOT", "CellInputs", "import_closure"]
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _digest(*parts: bytes | str) -> str:
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(p.encode() if isinstance(p, str) else p)
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def _files_digest(files: Iterable[Path]) -> str:
+    return _digest(*(x for f in sorted(set(files)) for x in (str(f), f.read_bytes())))
+
+
+def _module_file(name: str, roots: Iterable[Path]) -> list[Path]:
+    """The file of module ``name`` under the first of ``roots`` that has it, with its parent
+    packages' ``__init__`` files; empty where no root has it."""
+    parts = name.split(".")
+    for root in roots:
+        base = Path(root).joinpath(*parts)
+        own = base.with_suffix(".py") if base.with_suffix(".py").is_file() else base / "__init__.py"
+        if own.is_file():
+            parents = [Path(root).joinpath(*parts[:i]) / "__init__.py" for i in range(1, len(parts))]
+            return [*(p for p in parents if p.is_file()), own]
+    return []
+
+
+def import_closure(file: Path, roots: Iterable[Path], *, skip: Iterable[str] = ()) -> frozenset[Path]:
+    """``file`` and every file under ``roots`` it imports, transitively (relative imports
+    included); modules whose top-level name is in ``skip`` (hashed on their own) are left out."""
+    roots, skip = [Path(r) for r in roots], set(skip)
+    seen: set[Path] = set()
+    todo = [Path(file).resolve()]
+    while todo:
+        current = todo.pop()
+        if current in seen or not current.is_file():
+            continue
+        seen.add(current)
+        try:
+            tree = ast.parse(current.read_text(), filename=str(current))
+        except SyntaxError:
+            continue  # its bytes are in the key; the load reports the error
+        package = current.parent
+        for node in ast.walk(tree):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package
+                    for _ in range(node.level - 1):
+                        base = base.parent
+                    stem = base.joinpath(*(node.module or "").split(".")) if node.module else base
+                    candidates = [stem.with_suffix(".py"), stem / "__init__.py",
+                                  *(stem / f"{a.name}.py" for a in node.names)]
+                    todo += [c.resolve() for c in candidates if c.is_file()]
+                    continue
+                module = node.module or ""
+                names = [module, *(f"{module}.{a.name}" for a in node.names)]
+            for name in names:
+                if name.split(".")[0] not in skip:
+                    todo += [f.resolve() for f in _module_file(name, [*roots, package])]
+    return frozenset(seen)
+
+
+@functools.cache
+def _harness_digest() -> str:
+    return _files_digest((PROJECT_ROOT / "harness").rglob("*.py"))
+
+
+@functools.cache
+def _torch_build() -> str:
+    """The installed torch's version, git hash and CUDA, from its files (no import)."""
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    try:
+        dist = distribution("torch")
+    except PackageNotFoundError:
+        return "no torch"
+    version_file = Path(str(dist.locate_file("torch/version.py")))
+    text = version_file.read_text() if version_file.is_file() else ""
+    return _digest(dist.version, text)
+
+
+@functools.cache
+def _installs() -> str:
+    """Every distribution installed here, by name and version."""
+    from importlib.metadata import distributions
+
+    return _digest(*sorted(f"{d.metadata['Name']}=={d.version}" for d in distributions()))
+
+
+@functools.cache
+def _machine(device: str) -> str:
+    from harness.results.machine import cpu_model
+
+    flags = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = " ".join(sorted(f for f in line.split(":", 1)[1].split() if f.startswith(("avx", "amx", "fma"))))
+                break
+    except OSError:
+        pass
+    gpu = ""
+    if device == "cuda":
+        import subprocess
+
+        try:
+            gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                                 text=True, timeout=20).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            gpu = "unknown"
+    return _digest(cpu_model() or "", flags, os.environ.get("ATEN_CPU_CAPABILITY", ""), gpu)
+
+
+@dataclass(kw_only=True)
+class CellInputs:
+    """The keys of one run's cells: ``scenario_files`` maps a scenario name to its file."""
+
+    scenario_files: Mapping[str, Path]
+    source: PatchSource
+    patch_mapping: Mapping[str, str] = field(default_factory=dict)
+    isolate: str = ""
+    _scenario_digests: dict[str, str] = field(default_factory=dict)
+    _patch_digests: dict[str, str] = field(default_factory=dict)
+
+    def key(self, cell: Cell) -> str:
+        options = dict(variant=cell.variant, device=cell.device, backend=cell.backend, world_size=cell.world_size,
+                       mesh=list(cell.mesh), timeout_s=cell.timeout_s, init=cell.init, fault=cell.fault,
+                       patches=list(cell.patches), expected=list(cell.expected), isolate=self.isolate)
+        return _digest(_torch_build(), _machine(cell.device), _harness_digest(), _installs(),
+                       self.scenario_digest(cell.scenario), json.dumps(options, sort_keys=True),
+                       *(self.patch_digest(p) for p in sorted(cell.patches)))
+
+    def scenario_digest(self, name: str) -> str:
+        if name not in self._scenario_digests:
+            file = self.scenario_files.get(name)
+            files = import_closure(file, [PROJECT_ROOT], skip=("harness", "torch")) if file else frozenset()
+            self._scenario_digests[name] = _digest(name, _files_digest(files))
+        return self._scenario_digests[name]
+
+    def patch_digest(self, patch: str) -> str:
+        """The files patch ``patch`` of the module under test depends on (all of them where its
+        function is not found by name)."""
+        if patch not in self._patch_digests:
+            files = self._patch_files(patch)
+            self._patch_digests[patch] = _digest(patch, self.patch_mapping.get(patch, ""), _files_digest(files))
+        return self._patch_digests[patch]
+
+    def _patch_files(self, patch: str) -> frozenset[Path]:
+        source = self.source
+        if not source.path.is_dir():
+            return frozenset(source.files)
+        wanted = [n for n in (self.patch_mapping.get(patch), f"patch_fsdp_{patch}", f"patch_{patch}", f"{patch}_",
+                              patch) if n]
+        init = source.path / "__init__.py"
+        for name in wanted:
+            for file in source.files:
+                if file != init and _defines(file, name):
+                    closure = import_closure(file, [source.path.parent], skip=("torch", "harness"))
+                    return frozenset({*closure, init.resolve()})
+        return frozenset(source.files)
+
+
+def _top_level_defs(file: Path) -> frozenset[str]:
+    try:
+        tree = ast.parse(file.read_text(), filename=str(file))
+    except SyntaxError:
+        return frozenset()
+    return frozenset(n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)))
+
+
+def _defines(file: Path, name: str) -> bool:
+    return name in _top_level_defs(file)

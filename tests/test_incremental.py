@@ -1,0 +1,92 @@
+"""Incremental reruns (``harness.plan.inputs``, ``harness.launch.incremental``): a cell runs again
+exactly when one of its inputs changed, and the verdicts are those of a fresh run."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from harness.launch.incremental import reusable_records
+from harness.plan.inputs import PROJECT_ROOT, import_closure
+from harness.results.reading import load_records
+from tests.support import make_record
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_a_scenario_depends_on_every_project_file_it_imports_and_nothing_else(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "helper.py").write_text("from .deeper import X\n")
+    (tmp_path / "pkg" / "deeper.py").write_text("X = 1\n")
+    (tmp_path / "pkg" / "unrelated.py").write_text("Y = 2\n")
+    (tmp_path / "scenario.py").write_text("import torch\nfrom pkg.helper import X\nfrom harness.spec import Scenario\n")
+    found = {p.relative_to(tmp_path).as_posix() for p in import_closure(tmp_path / "scenario.py", [tmp_path],
+                                                                        skip=("harness", "torch"))}
+    assert found == {"scenario.py", "pkg/__init__.py", "pkg/helper.py", "pkg/deeper.py"}
+    project = import_closure(PROJECT_ROOT / "scenarios" / "q_frozen_uint8_param.py", [PROJECT_ROOT], skip=("harness",))
+    assert PROJECT_ROOT / "scenarios" / "_models.py" in project
+
+
+def _run(out: Path, patches: Path, scenarios: Path, *extra: str) -> list:
+    cmd = [sys.executable, "-m", "harness", "run", "--quiet", "--out", str(out), "--world-size", "1",
+           "--patches", str(patches), "--scenarios-dir", str(scenarios), "--scenario", "plain", "--scenario",
+           "q_frozen_uint8_param", "--scenario", "my_pure_bf16", *extra]
+    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    records, skipped = load_records([out])
+    assert not skipped
+    latest = records[-1][0].run_id
+    return [r for r, _ in records if r.run_id == latest]
+
+
+def _ran(records) -> set[tuple[str, str]]:
+    return {(r.scenario, r.variant) for r in records if r.reused_from is None}
+
+
+def _verdicts(records) -> dict[tuple[str, str], tuple[str, bool]]:
+    return {(r.scenario, r.variant): (r.status, r.as_expected) for r in records}
+
+
+def test_only_the_cells_whose_inputs_changed_run_again_with_the_fresh_verdicts(tmp_path):
+    patches = tmp_path / "my_patches"
+    shutil.copytree(ROOT / "fsdp_patches", patches, ignore=shutil.ignore_patterns("__pycache__"))
+    scenarios = tmp_path / "scenarios"
+    scenarios.mkdir()
+    shutil.copy(ROOT / "scenarios" / "pure_bf16.py", scenarios / "my_pure_bf16.py")
+    out = tmp_path / "runs.jsonl"
+
+    fresh = _run(out, patches, scenarios)
+    everything = _ran(fresh)
+    assert len(everything) == len(fresh) >= 7 and all(r.inputs for r in fresh)
+
+    again = _run(out, patches, scenarios)  # nothing changed: nothing runs
+    assert _ran(again) == set() and _verdicts(again) == _verdicts(fresh)
+    assert all(r.reused_from["run_id"] == fresh[0].run_id for r in again)
+
+    with open(patches / "nonfloat.py", "a") as f:  # one patch function's file: its cells and every deployed one
+        f.write("\n# edited\n")
+    after_patch = _run(out, patches, scenarios)
+    assert _ran(after_patch) == {(s, v) for s, v in everything if v == "deployed"} | {("q_frozen_uint8_param", "patched")}
+    assert _verdicts(after_patch) == _verdicts(fresh)
+
+    with open(scenarios / "my_pure_bf16.py", "a") as f:  # one scenario file: its cells only
+        f.write("\n# edited\n")
+    after_scenario = _run(out, patches, scenarios)
+    assert _ran(after_scenario) == {(s, v) for s, v in everything if s == "my_pure_bf16"}
+    assert _verdicts(after_scenario) == _verdicts(fresh)
+
+    options = _run(out, patches, scenarios, "--timeout", "45")  # a run option: every cell
+    assert _ran(options) == everything
+    assert _ran(_run(out, patches, scenarios, "--timeout", "45", "--fresh")) == everything
+
+
+def test_a_record_not_as_expected_or_of_a_hang_is_never_reused(tmp_path):
+    out = tmp_path / "r.jsonl"
+    rows = [make_record(scenario="a", inputs="k1", status="pass", as_expected=True),
+            make_record(scenario="b", inputs="k2", status="mismatch", as_expected=False),
+            make_record(scenario="c", inputs="k3", status="hang", expected=("hang",), as_expected=True),
+            make_record(scenario="d", inputs="k4", status="pass", as_expected=True),
+            make_record(scenario="d", inputs="k4", status="mismatch", as_expected=False)]
+    out.write_text("".join(r.to_json() + "\n" for r in rows))
+    assert set(reusable_records(out)) == {"k1"}
