@@ -254,6 +254,15 @@ def bench(session: nox.Session) -> None:
     session.run("python", "bench/launch_bench.py", *session.posargs)
 
 
+@nox.session(python=False)
+def incremental(session: nox.Session) -> None:
+    """The default CPU matrix of the test torch fresh, then after each edit of bench/incremental.py
+    (none, a patch file, a scenario file, a helper it imports): cells run, wall, same verdicts."""
+    python = _torch_env(session, TEST_TORCH, "cpu")
+    session.run(python, "bench/incremental.py", "--python", python, *session.posargs,
+                env={"PYTHONPATH": str(ROOT)}, external=True)
+
+
 @nox.session
 def chaos(session: nox.Session) -> None:
     """Fault-injection soak of the launcher: nox -s chaos [-- --faults 100 --seed 0]."""
