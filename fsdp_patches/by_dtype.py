@@ -12,7 +12,8 @@ dtype (huggingface/accelerate#3985).
   dtype: the sub-modules whose parameters are all of another dtype than the rest become,
   per dtype, one unit (``fully_shard([sub, ...])``), then ``module`` itself takes what is
   left. The dtype that stays is that of ``module``'s own parameters, else the one with
-  the most elements. A sub-module that holds two dtypes itself (not through children)
+  the most elements. A container that is indexed, not called (PEFT keeps adapters in
+  ``lora_A``/``lora_B`` module dicts), is looked into: its modules become the unit. A sub-module that holds two dtypes itself (not through children)
   cannot be split by module: ``ValueError`` names it.
 * ``patch_fsdp_shard_by_dtype()`` wraps ``torch.distributed.fsdp.fully_shard`` so a call
   torch would reject (a trainable mix; on 2.7 any mix) is split as above. It reaches code
@@ -70,6 +71,13 @@ def managed_params(module: nn.Module, ignored: set[nn.Parameter] | frozenset = f
         stack.extend(c for c in reversed(list(m.children())) if not _is_fsdp(c))
 
 
+def _runs_forward(module: nn.Module) -> bool:
+    """Whether ``module`` is called itself: FSDP2 gathers a unit in its modules' forward hooks, so a
+    container that is only indexed (``nn.ModuleDict``, ``nn.ModuleList``: PEFT's ``lora_A["default"]``)
+    would leave its unit sharded; the modules inside it are called."""
+    return type(module).forward is not nn.Module.forward
+
+
 def _dtypes(params: Iterator[nn.Parameter]) -> set[torch.dtype]:
     return {p.dtype for p in params}
 
@@ -96,10 +104,14 @@ def split_by_dtype(module: nn.Module, ignored: set[nn.Parameter] | frozenset = f
             dtypes = _dtypes(managed_params(child, ignored))
             if not dtypes or dtypes == {keep}:
                 continue
-            if len(dtypes) == 1:
+            direct = _dtypes(p for p in child.parameters(recurse=False) if p not in ignored)
+            if len(dtypes) == 1 and _runs_forward(child):
                 units.setdefault(next(iter(dtypes)), []).append(child)
                 continue
-            direct = _dtypes(p for p in child.parameters(recurse=False) if p not in ignored)
+            if not _runs_forward(child) and direct - {keep}:
+                raise ValueError(f"fully_shard_by_dtype: {path}{name} ({type(child).__name__}) holds "
+                                 f"{sorted(map(str, direct))} parameters itself but has no forward of its own; "
+                                 f"FSDP units gather on forward, so give them a module that runs")
             if direct - {keep}:
                 raise ValueError(f"fully_shard_by_dtype: {path}{name} holds {sorted(map(str, direct))} parameters "
                                  f"itself and other dtypes below it; FSDP units are modules, so split it")

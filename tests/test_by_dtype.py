@@ -51,6 +51,21 @@ def test_a_module_holding_two_dtypes_itself_cannot_be_split():
 
 
 
+def test_adapters_kept_in_module_dicts_become_units_of_the_modules_that_run():
+    """PEFT's layout: ``lora_A["default"]``. A ``ModuleDict`` is indexed, never called, so a unit
+    hooked on it would stay sharded in forward (measured on 2.7.1: "got mixed torch.Tensor and
+    DTensor"); the linears inside it are the unit."""
+    from scenarios.k4_lora_peft_layout import PeftLoraLinear
+
+    layer = PeftLoraLinear(7, 13)
+    assert split_by_dtype(layer) == {torch.float32: [layer.lora_A["default"], layer.lora_B["default"]]}
+    holder = nn.Module()
+    holder.base = nn.Linear(9, 9).to(BF16)
+    holder.extra = nn.ParameterDict({"scale": nn.Parameter(torch.ones(3))})  # indexed, and holds the params itself
+    with pytest.raises(ValueError, match="has no forward of its own"):
+        split_by_dtype(holder)
+
+
 def _trains(model: nn.Module) -> None:
     model(torch.randn(5, 7)).float().square().mean().backward()
     assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
