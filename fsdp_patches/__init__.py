@@ -27,7 +27,9 @@ the bug is fixed natively.
 around A). The gradient
 utilities ``clip_grad_norm_``, ``get_total_grad_norm`` and ``scale_grads_`` (bugs F, G,
 H) are re-exported from ``fsdp_patches.grads``; ``finalize_backward(root)`` (bug O) reduces the
-grads of an accumulation window run with gradient sync off, from ``fsdp_patches.finalize``.
+grads of an accumulation window run with gradient sync off, from ``fsdp_patches.finalize``;
+``set_reshard_after_forward(module, value)`` (bug U) is torch 2.8's setter for torch 2.7,
+from ``fsdp_patches.reshard``.
 
 Undo: ``result.undo()`` on any ``PatchResult`` takes that patch out again, and
 ``undo_all()`` takes out every patch installed. Where our wrapper is still the
@@ -50,6 +52,7 @@ from .grads import clip_grad_norm_, get_total_grad_norm, scale_grads_
 from .meta_init import init_full_then_shard, patch_fsdp_meta_init_full_rng
 from .nonfloat import patch_fsdp_nonfloat_params
 from .reduce_dtype import patch_fsdp_uniform_reduce_dtype
+from .reshard import set_reshard_after_forward
 from .unfreeze import patch_fsdp_late_unfreeze_reduce_dtype
 from .unused_params import (
     patch_fsdp_restore_unused_param_grads,
@@ -76,6 +79,7 @@ __all__ = [
     "patch_fsdp_uniform_reduce_dtype",
     "patch_fsdp_unused_param_reduction",
     "scale_grads_",
+    "set_reshard_after_forward",
     "undo_all",
 ]
 

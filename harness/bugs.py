@@ -124,6 +124,13 @@ BUGS: tuple[Bug, ...] = (
     Bug(letter="S", name="A parameter's grad_dtype dropped by fully_shard (bf16 weights, fp32 grads asked)",
         symptom="silent: grads come out bf16 where fp32 was asked; reduced and kept in bf16",
         upstream="pytorch/pytorch#170648", affected="2.10 – 2.14 (fixed in 2.15; no grad_dtype before 2.10)"),
+    Bug(letter="U", name="A unit's weight used outside its forward (fused linear cross-entropy on the output head)",
+        symptom="RuntimeError: aten.mm.default got mixed torch.Tensor and DTensor, need to convert all "
+                "torch.Tensor to DTensor before calling distributed operators!",
+        upstream="NVIDIA-NeMo/Automodel#3708, huggingface/trl#6330, meta-pytorch/torchtune#2800",
+        affected="all (2.7 – 2.15): keep the unit gathered until backward (torch's setter from 2.8)",
+        patch="set_reshard_after_forward",
+        api="FSDPModule.set_reshard_after_forward(False) (torch >= 2.8)"),
 )
 
 

@@ -59,7 +59,8 @@ def run_all(out: Path, *, folder: Path = STACKS_DIR, cache: Path = DEFAULT_CACHE
                 say(f"{stack.label} {judged.function}: not applicable on CPU ({judged.cpu})")
                 continue
             path = records_path(out, stack, judged, release)
-            config = RunConfig(scenarios=list(judged.scenarios), devices=[device], variants=["vanilla", "patched"],
+            # api: where a scenario has a public API, the report can say "use public API"
+            config = RunConfig(scenarios=list(judged.scenarios), devices=[device], variants=["vanilla", "patched", "api"],
                                patches=stack.module, patch_mapping={judged.patch: judged.shim}, out=path)
             result = run(config)
             bad = [r for r in result.records if not r.as_expected]

@@ -76,6 +76,9 @@ class PublicApi:
     configure_root: Callable[[nn.Module, int], object] | None = None
     #: called on the root after each accumulation window of a scenario with ``ReduceAfterWindow()``
     finalize: Callable[[nn.Module], object] | None = None
+    #: a hook of the scenario calls it at its points of the step (a setter changed between
+    #: steps: ``ReshardAfterForward``), so neither ``sharding`` nor ``configure`` is needed
+    by_hook: bool = False
 
     def __post_init__(self) -> None:
         for qualified in (self.name, *self.needs):
@@ -83,8 +86,9 @@ class PublicApi:
                 raise ValueError(f"PublicApi: {qualified!r} is not 'Owner.attr' (e.g. 'FSDPModule.set_...')")
         if self.scales_grads and self.configure is None:
             raise ValueError(f"PublicApi {self.name}: scales_grads needs a configure that sets the divide factor")
-        if not self.sharding and self.configure is None and self.configure_root is None:
-            raise ValueError(f"PublicApi {self.name}: give sharding fields, a configure call, or both")
+        if not self.sharding and self.configure is None and self.configure_root is None and not self.by_hook:
+            raise ValueError(f"PublicApi {self.name}: give sharding fields, a configure call, or both "
+                             "(or by_hook=True where a hook of the scenario calls it)")
 
     def available(self) -> bool:
         return all(torch_has(q) for q in (self.name, *self.needs))

@@ -29,7 +29,7 @@ from harness.train import recipe
 from harness.train import resources as held
 from harness.train.faults import fault_named
 from harness.train.gather import Deferred, gather_full, plain_placements
-from harness.train.hooks import WindowEnd
+from harness.train.hooks import Hook, HookPoint
 from harness.train.meta_build import init_on, materialized_on
 from harness.train.norm_group import rehome
 from harness.train.probe import Probes, measure_reduction
@@ -166,7 +166,20 @@ class FsdpSide:
             self.ledger.at(phase, step=self.step, micro_batch=micro_batch)
 
     def begin_step(self, step: int) -> None:
+        """Each of the scenario's hooks' ``begin_step``, its collectives under its ledger phase."""
         self.step, self._grad_snapshots = step, 0
+        self._hooks("begin_step", "start of step")
+
+    def _hooks(self, point: str, words: str) -> None:
+        at = HookPoint(root=self.model, step=self.step, utilities=self.utilities,
+                       api=self.scenario.api if self.cell.variant == "api" else None)
+        for hook in self.scenario.hooks:
+            if getattr(type(hook), point) is getattr(Hook, point):
+                continue  # the hook does nothing here
+            self.stamp(f"step {self.step} {words}: {hook.phase}")
+            self._at(hook.phase)
+            getattr(hook, point)(at)
+            self._at(None)
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer, snap: StepTensors) -> None:
         optimizer.step()
@@ -192,13 +205,7 @@ class FsdpSide:
     def end_window(self) -> None:
         """Each of the scenario's hooks (``harness.train.hooks``), its collectives under its
         ledger phase; then a grad fault (step 0)."""
-        at = WindowEnd(root=self.model, step=self.step, utilities=self.utilities,
-                       api=self.scenario.api if self.cell.variant == "api" else None)
-        for hook in self.scenario.hooks:
-            self.stamp(f"step {self.step} end of window: {hook.phase}")
-            self._at(hook.phase)
-            hook.end_window(at)
-            self._at(None)
+        self._hooks("end_window", "end of window")
         if self.fault is not None and self.fault.grads is not None and self.step == 0:
             self._at(None)  # the fault's collective is not the scenario's
             grads = {n: p.grad for n, p in self.named.items() if p.grad is not None}

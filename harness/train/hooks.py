@@ -25,12 +25,12 @@ if TYPE_CHECKING:
     from harness.scenario.spec import Scenario
     from harness.undertest.source import Utilities
 
-__all__ = ["Hook", "NeedsTorch", "ReduceAfterWindow", "WindowEnd"]
+__all__ = ["Hook", "HookPoint", "NeedsTorch", "ReduceAfterWindow", "ReshardAfterForward"]
 
 
 @dataclass(frozen=True, kw_only=True)
-class WindowEnd:
-    """What a hook sees after the last micro-batch of an accumulation window."""
+class HookPoint:
+    """What a hook sees at its point of the step (its start, or the end of its window)."""
 
     #: the root FSDP module
     root: nn.Module
@@ -58,7 +58,10 @@ class Hook:
         """Why this torch cannot run the scenario (its cells are skipped with it); None: it can."""
         return None
 
-    def end_window(self, at: WindowEnd) -> None:
+    def begin_step(self, at: HookPoint) -> None:
+        """Before the step's first forward."""
+
+    def end_window(self, at: HookPoint) -> None:
         """After the window's last backward, before grad scaling and the grads' snapshot."""
 
 
@@ -79,7 +82,7 @@ class ReduceAfterWindow(Hook):
                     "(use accumulate(n, last_sync=False))"]
         return []
 
-    def end_window(self, at: WindowEnd) -> None:
+    def end_window(self, at: HookPoint) -> None:
         if at.api is not None and at.api.finalize is not None:
             at.api.finalize(at.root)
         elif at.utilities.finalize_backward is not None:
@@ -106,3 +109,42 @@ class NeedsTorch(Hook):
                 return f"recipe needs torch.{self.attr} (torch >= {self.since}), absent in this torch"
             owner = getattr(owner, part)
         return None
+
+
+@dataclass(frozen=True)
+class ReshardAfterForward(Hook):
+    """A unit's reshard-after-forward changed at run time: ``during`` from the start of each
+    step until its window has run backward, ``between`` after it. Stacks keep an output head
+    gathered from its forward until backward for a loss that reads its weight outside the
+    head's forward (a fused linear cross-entropy), and let it reshard again between steps
+    (evaluation, generation). Set through the ``api`` variant's public
+    ``FSDPModule.set_reshard_after_forward`` (torch >= 2.8), else the patches module's
+    ``set_reshard_after_forward(module, value, recurse=...)`` (a backport), else not at all
+    (vanilla: the unit keeps what ``fully_shard`` gave it)."""
+
+    unit: str
+    during: bool = False
+    between: bool = True
+    phase: ClassVar[str] = "reshard"
+
+    def problems(self, scenario: Scenario) -> list[str]:
+        found = []
+        if self.unit not in scenario.sharding.units:
+            found.append(f"ReshardAfterForward: {self.unit!r} is not one of the units {scenario.sharding.units}")
+        if scenario.api is not None and scenario.api.name != "FSDPModule.set_reshard_after_forward":
+            found.append("ReshardAfterForward calls FSDPModule.set_reshard_after_forward: "
+                         f"the scenario's api is {scenario.api.name}")
+        return found
+
+    def begin_step(self, at: HookPoint) -> None:
+        self._set(at, self.during)
+
+    def end_window(self, at: HookPoint) -> None:
+        self._set(at, self.between)
+
+    def _set(self, at: HookPoint, value: bool) -> None:
+        unit = at.root.get_submodule(self.unit)
+        if at.api is not None:
+            unit.set_reshard_after_forward(value, recurse=False)
+        elif at.utilities.set_reshard_after_forward is not None:
+            at.utilities.set_reshard_after_forward(unit, value, recurse=False)

@@ -33,6 +33,9 @@ class Utilities:
     finalize_backward: Callable[..., Any] | None = None
     #: ``scale_grads_(params, scaler)``, in place of multiplying each grad
     scale_grads: Callable[..., Any] | None = None
+    #: ``set_reshard_after_forward(module, value, recurse=...)``: torch 2.8's
+    #: ``FSDPModule.set_reshard_after_forward`` where torch lacks it (``ReshardAfterForward``)
+    set_reshard_after_forward: Callable[..., Any] | None = None
 
 
 #: Patch names that are utilities (``Utilities``' fields).
