@@ -124,6 +124,10 @@ BUGS: tuple[Bug, ...] = (
     Bug(letter="S", name="A parameter's grad_dtype dropped by fully_shard (bf16 weights, fp32 grads asked)",
         symptom="silent: grads come out bf16 where fp32 was asked; reduced and kept in bf16",
         upstream="pytorch/pytorch#170648", affected="2.10 – 2.14 (fixed in 2.15; no grad_dtype before 2.10)"),
+    Bug(letter="T", name="A non-persistent buffer after a meta-device build and a rank-0 checkpoint broadcast",
+        symptom="silent: the buffer keeps to_empty's uninitialised memory on every rank (NaN losses, or wrong values)",
+        upstream="volcengine/verl#6365, hiyouga/LlamaFactory#10820, EvolvingLMMs-Lab/lmms-engine#185",
+        affected="all (2.7 – 2.15): no state dict holds the buffer; the loader must restore it"),
     Bug(letter="U", name="A unit's weight used outside its forward (fused linear cross-entropy on the output head)",
         symptom="RuntimeError: aten.mm.default got mixed torch.Tensor and DTensor, need to convert all "
                 "torch.Tensor to DTensor before calling distributed operators!",

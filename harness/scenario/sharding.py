@@ -52,13 +52,18 @@ class Sharding:
     #: sub-module's ``reset_parameters()`` runs under ``MODEL_SEED`` (how large-model stacks
     #: initialise; the reference still builds the full model, so a sharded init that differs
     #: from a single process's shows in the step-0 grads).
-    init: Literal["full", "meta"] = "full"
+    #: "rank0": built on meta on every rank, sharded, ``to_empty`` on the device (every float
+    #: tensor then NaN: uninitialised memory, the same on every machine), then rank 0's
+    #: checkpoint (the model built in full under ``MODEL_SEED``) loaded with
+    #: ``set_model_state_dict(full_state_dict=True, broadcast_from_rank0=True)``: how stacks load
+    #: a checkpoint without a full copy on every rank (``harness.train.meta_build.load_from_rank0``).
+    init: Literal["full", "meta", "rank0"] = "full"
 
     def __post_init__(self) -> None:
         if self.tp_dim in ("dp", "replicate", "shard") or not self.tp_dim.isidentifier():
             raise ValueError(f"Sharding.tp_dim {self.tp_dim!r}: a name of its own, e.g. 'tp' or 'ep'")
-        if self.init not in ("full", "meta"):
-            raise ValueError(f"Sharding.init must be 'full' or 'meta', not {self.init!r}")
+        if self.init not in ("full", "meta", "rank0"):
+            raise ValueError(f"Sharding.init must be 'full', 'meta' or 'rank0', not {self.init!r}")
 
     def mesh_shape(self, world_size: int) -> tuple[int, ...]:
         split = self.tp if self.tp > 1 else self.replicate

@@ -30,7 +30,7 @@ from harness.train import resources as held
 from harness.train.faults import fault_named
 from harness.train.gather import Deferred, gather_full, plain_placements
 from harness.train.hooks import Hook, HookPoint
-from harness.train.meta_build import init_on, materialized_on
+from harness.train.meta_build import checkpoint_on_rank0, init_on, load_from_rank0, materialized_on
 from harness.train.norm_group import rehome
 from harness.train.probe import Probes, measure_reduction
 from harness.train.requested import sharding_problems
@@ -97,8 +97,11 @@ def build_model(scenario: Scenario, mesh: DeviceMesh, device_type: str, api: Pub
     code that calls it through the module does, so a patch that changes how a model is
     sharded (``shard_by_dtype``: a unit per parameter dtype) takes effect."""
     s = scenario.sharding
+    if s.init == "rank0":
+        checkpoint = checkpoint_on_rank0(scenario, materialized_on(s, _rank_device(device_type)),
+                                         dist.get_rank())
     torch.manual_seed(MODEL_SEED)
-    with torch.device("meta") if s.init == "meta" else contextlib.nullcontext():
+    with torch.device("meta") if s.init in ("meta", "rank0") else contextlib.nullcontext():
         model = scenario.model()
     dp_world = s.data_parallel(mesh.size())
     if s.prepare is not None:
@@ -119,6 +122,8 @@ def build_model(scenario: Scenario, mesh: DeviceMesh, device_type: str, api: Pub
     fsdp_public.fully_shard(model, **kwargs)
     if s.init == "meta":
         init_on(model, materialized_on(s, _rank_device(device_type)))
+    elif s.init == "rank0":
+        load_from_rank0(model, checkpoint, materialized_on(s, _rank_device(device_type)))
     if s.reduce_scatter_unused_params:
         for module in model.modules():  # the setter does not reach child FSDP modules
             if hasattr(module, "set_reduce_scatter_unused_params"):

@@ -22,7 +22,8 @@ from torch import nn
 from harness.scenario.sharding import Sharding
 from harness.scenario.spec import MODEL_SEED, Scenario
 
-__all__ = ["as_meta", "build_on_meta", "init_gap", "init_on", "materialized_on"]
+__all__ = ["as_meta", "build_on_meta", "checkpoint_on_rank0", "init_gap", "init_on", "load_from_rank0",
+           "materialized_on"]
 
 
 def init_on(model: nn.Module, device: torch.device) -> None:
@@ -34,6 +35,34 @@ def init_on(model: nn.Module, device: torch.device) -> None:
         reset = getattr(module, "reset_parameters", None)
         if callable(reset):
             reset()
+
+
+def checkpoint_on_rank0(scenario: Scenario, device: torch.device, rank: int) -> dict[str, torch.Tensor] | None:
+    """Rank 0's checkpoint for ``Sharding(init="rank0")``: the model built in full under
+    ``MODEL_SEED``, its state dict (what a saved checkpoint holds: no non-persistent buffers);
+    ``None`` on the other ranks."""
+    if rank != 0:
+        return None
+    torch.manual_seed(MODEL_SEED)
+    return scenario.model().to(device).state_dict()
+
+
+def load_from_rank0(model: nn.Module, checkpoint: dict[str, torch.Tensor] | None, device: torch.device) -> None:
+    """Materialise a meta-built, sharded model on ``device``, every floating tensor NaN (what
+    ``to_empty`` leaves is uninitialised memory; NaN makes it the same on every machine), then
+    load rank 0's ``checkpoint`` into every rank with ``set_model_state_dict(full_state_dict=True,
+    broadcast_from_rank0=True)``. Collective: every rank calls it."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+    from torch.distributed.tensor import DTensor
+
+    model.to_empty(device=device)
+    with torch.no_grad():
+        for tensor in (*model.parameters(), *model.buffers()):
+            local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+            if local.is_floating_point():
+                local.fill_(float("nan"))
+    set_model_state_dict(model, checkpoint or {},
+                         options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
 
 
 def materialized_on(sharding: Sharding, device: torch.device) -> torch.device:
