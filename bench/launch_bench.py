@@ -204,8 +204,26 @@ def breakdown(runs: dict[str, list[SuiteRun]]) -> str:
                      f"outside the ranks (launcher, torchrun agents) {cpu - ranks_cpu:.1f} s")
         lines.append(f"[{name}] cells with phases: {len(cells)}; their phases add up to {phased:.2f} s of their "
                      f"{wall:.2f} s wall")
+        lines.append(harness_share(name, mean))
     head = "breakdown: wall and CPU seconds per phase, summed over every rank process (harness.rank.phases)"
     return "\n".join([head, format_table(columns), *lines])
+
+
+#: the cells' own FSDP2 work and the single-process reference; every other phase is the harness's
+CELL_WORK = ("build + shard", "training", "reference")
+
+
+def harness_share(name: str, mean: dict[str, list[float]]) -> str:
+    """The harness's own share of rank CPU: everything but ``CELL_WORK``; and with the snapshots'
+    gathering counted as the cells' work too (it is what the comparison needs of them)."""
+    total = sum(cpu for _, cpu in mean.values())
+    work = sum(mean.get(k, [0.0, 0.0])[1] for k in CELL_WORK)
+    gather = mean.get("gather", [0.0, 0.0])[1]
+    if total <= 0:
+        return f"[{name}] the harness's own share of rank CPU: no phases recorded"
+    own, lenient = total - work, total - work - gather
+    return (f"[{name}] the harness's own share of rank CPU: {own / total:.0%} ({own:.1f} of {total:.1f} s: all but "
+            f"{', '.join(CELL_WORK)}); {lenient / total:.0%} ({lenient:.1f} s) with gathering counted as cell work")
 
 
 def part_f(folder: Path) -> None:

@@ -70,3 +70,12 @@ def test_the_suite_part_prints_the_bare_start_ratio_and_a_breakdown_that_adds_up
     phased, wall = map(float, re.search(r"their phases add up to ([\d.]+) s of their ([\d.]+) s wall",
                                         out.stdout).groups())
     assert wall > 0 and phased == pytest.approx(wall, rel=0.05, abs=0.05)
+    # the harness's own share: the first column's rank CPU less the cells' FSDP2 work and the reference
+    cpu = {k: v[1] for k, v in rows.items()}
+    m = re.search(r"^\[.+?\] the harness's own share of rank CPU: (\d+)% \(([\d.]+) of ([\d.]+) s", out.stdout, re.M)
+    assert m, out.stdout
+    share, own, total = int(m.group(1)), float(m.group(2)), float(m.group(3))
+    assert total == pytest.approx(cpu["total"], abs=0.1)
+    assert own == pytest.approx(total - sum(cpu.get(k, 0.0) for k in ("build + shard", "training", "reference")),
+                                abs=0.2)
+    assert 0 < own < total and abs(share - 100 * own / total) <= 1
