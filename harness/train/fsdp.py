@@ -97,9 +97,9 @@ def build_model(scenario: Scenario, mesh: DeviceMesh, device_type: str, api: Pub
     code that calls it through the module does, so a patch that changes how a model is
     sharded (``shard_by_dtype``: a unit per parameter dtype) takes effect."""
     s = scenario.sharding
+    where = materialized_on(s, _rank_device(device_type))  # where a meta-built model is materialised
     if s.init == "rank0":
-        checkpoint = checkpoint_on_rank0(scenario, materialized_on(s, _rank_device(device_type)),
-                                         dist.get_rank())
+        checkpoint = checkpoint_on_rank0(scenario, where, dist.get_rank())
     torch.manual_seed(MODEL_SEED)
     with torch.device("meta") if s.init in ("meta", "rank0") else contextlib.nullcontext():
         model = scenario.model()
@@ -121,9 +121,9 @@ def build_model(scenario: Scenario, mesh: DeviceMesh, device_type: str, api: Pub
         fsdp_public.fully_shard(modules if len(modules) > 1 else modules[0], **kwargs)
     fsdp_public.fully_shard(model, **kwargs)
     if s.init == "meta":
-        init_on(model, materialized_on(s, _rank_device(device_type)))
+        init_on(model, where)
     elif s.init == "rank0":
-        load_from_rank0(model, checkpoint, materialized_on(s, _rank_device(device_type)))
+        load_from_rank0(model, checkpoint, where)
     if s.reduce_scatter_unused_params:
         for module in model.modules():  # the setter does not reach child FSDP modules
             if hasattr(module, "set_reduce_scatter_unused_params"):
