@@ -73,7 +73,9 @@ def test_the_fetch_goes_to_a_scratch_folder_that_is_gone_afterwards(tmp_path, mo
 
 
 def test_the_fetch_dies_with_the_process_that_started_it(tmp_path):
-    bin_dir = _fake_uv(tmp_path, f"echo $$ > {tmp_path / 'pid'}\nexec sleep 600")
+    # written then renamed: the shell makes the file before it writes the pid, and a reader that
+    # saw the name first read '' (CI, once in ~1100 runs)
+    bin_dir = _fake_uv(tmp_path, f"echo $$ > {tmp_path / 'pid.tmp'}\nmv {tmp_path / 'pid.tmp'} {tmp_path / 'pid'}\nexec sleep 600")
     code = (f"import os, sys, time; sys.path.insert(0, {str(ROOT)!r}); from harness.envs import prefetch\n"
             f"prefetch.start(__import__('pathlib').Path({str(tmp_path / 'nox')!r}), 'x', sys.executable, lambda f: [])\n"
             f"while not os.path.exists({str(tmp_path / 'pid')!r}): time.sleep(0.05)\nos._exit(0)")
