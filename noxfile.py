@@ -257,7 +257,7 @@ def bench(session: nox.Session) -> None:
 @nox.session(python=False)
 def incremental(session: nox.Session) -> None:
     """The default CPU matrix of the test torch fresh, then after each edit of bench/incremental.py
-    (none, a patch file, a scenario file, a helper it imports): cells run, wall, same verdicts."""
+    (none, a comment, patch functions, a scenario file, a helper, a broken patch function): cells run, wall, verdicts."""
     python = _torch_env(session, TEST_TORCH, "cpu")
     session.run(python, "bench/incremental.py", "--python", python, *session.posargs,
                 env={"PYTHONPATH": str(ROOT)}, external=True)

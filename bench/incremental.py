@@ -1,8 +1,10 @@
 """Incremental reruns, measured: the default CPU matrix of one torch version run fresh, then
 again after each of a set of edits, in a scratch copy of the project; for each: the cells
 that ran, the wall, its share of the fresh wall, and whether the verdicts equal the fresh
-run's (``harness diff --strict``). Exit 1 on a verdict change or on a cell that ran (or was
-reused) against what its edit predicts.
+run's (``harness diff --strict``). A patch function's edit must rerun exactly the cells whose
+last record says they ran it (``code_deps``); the last edit breaks a patch function, and the
+incremental run must give the verdicts a fresh run of the broken module gives. Exit 1 on a
+verdict change or on a cell that ran (or was reused) against what its edit predicts.
 
     python bench/incremental.py [--python PATH] [--world-size N ...] [--scenario NAME ...]
 
@@ -30,18 +32,56 @@ def _append(path: Path, text: str = "\n# edited\n") -> None:
         f.write(text)
 
 
-#: edit name -> (what it changes in the copy, which cells must run: (scenario, variant, installed patches) -> bool)
-EDITS: dict[str, tuple[Callable[[Path], None], Callable[[dict], bool]]] = {
-    "no change": (lambda root: None, lambda rec: False),
-    "a patch function's file (fsdp_patches/nonfloat.py)": (
-        lambda root: _append(root / "fsdp_patches" / "nonfloat.py"),
-        lambda rec: "nonfloat_params" in rec["installed_patches"]),
+def insert_first(path: Path, qualname: str, line: str) -> None:
+    """Put ``line`` first in the body of function ``qualname`` of ``path`` (after its docstring),
+    indented as that body is."""
+    import ast
+
+    from harness.undertest.code_ran import functions
+
+    source = path.read_text()
+    node = dict(functions(ast.parse(source)))[qualname]
+    body = node.body
+    has_doc = isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str)
+    anchor = body[1] if has_doc and len(body) > 1 else body[0]
+    lines = source.splitlines(keepends=True)
+    at = body[0].end_lineno if has_doc and len(body) == 1 else anchor.lineno - 1
+    lines.insert(at, " " * anchor.col_offset + line + "\n")
+    path.write_text("".join(lines))
+
+
+def _edit_function(file: str, qualname: str, line: str = "_edited = None") -> Callable[[Path], None]:
+    return lambda root: insert_first(root / "fsdp_patches" / file, qualname, line)
+
+
+def _ran_function(fid: str) -> Callable[[dict, dict | None], bool]:
+    """Predicts: the cells whose last record says they ran ``fid``."""
+    return lambda rec, last: fid in ((last or {}).get("code_deps") or {})
+
+
+#: the patch function the last edit breaks; every cell that ran it must get the verdict a fresh run gets
+BROKEN = ("grads.py", "clip_grad_norm_")
+
+#: edit name -> (what it changes in the copy, which cells must run: (record, its previous record) -> bool)
+EDITS: dict[str, tuple[Callable[[Path], None], Callable[[dict, dict | None], bool]]] = {
+    "no change": (lambda root: None, lambda rec, last: False),
+    "a comment in a patch file (fsdp_patches/nonfloat.py)": (
+        lambda root: _append(root / "fsdp_patches" / "nonfloat.py"), lambda rec, last: False),
+    "patch function nonfloat.py::_without_frozen_nonfloat (the torch 2.7 wrapper)": (
+        _edit_function("nonfloat.py", "_without_frozen_nonfloat"), _ran_function("nonfloat.py::_without_frozen_nonfloat")),
+    "patch function grads.py::clip_grad_norm_": (
+        _edit_function("grads.py", "clip_grad_norm_"), _ran_function("grads.py::clip_grad_norm_")),
+    "patch function unused_params.py::_restore_around (runs in every deployed cell)": (
+        _edit_function("unused_params.py", "_restore_around"), _ran_function("unused_params.py::_restore_around")),
     "a scenario file (scenarios/plain.py)": (
         lambda root: _append(root / "scenarios" / "plain.py"),
-        lambda rec: rec["scenario"] == "plain"),
+        lambda rec, last: rec["scenario"] == "plain"),
     "a helper scenarios import (scenarios/_unfreeze.py)": (
         lambda root: _append(root / "scenarios" / "_unfreeze.py"),
-        lambda rec: rec["scenario"].startswith("i")),
+        lambda rec, last: rec["scenario"].startswith("i")),
+    "grads.py::clip_grad_norm_ broken (raises): against a fresh run of the broken module": (
+        _edit_function(*BROKEN, "raise RuntimeError('clip_grad_norm_ broken by bench/incremental.py')"),
+        _ran_function("::".join(BROKEN))),
 }
 
 
@@ -106,10 +146,17 @@ def main(argv: list[str] | None = None) -> int:
             edit(root)
             wall, recs = _run(opts.python, root, out, args)
             ran = [r for r in recs if not r.get("reused_from")]
-            wrong = [r for r in recs if (not r.get("reused_from")) != (predicts(r) or _always(r, previous))]
+            wrong = [r for r in recs if (not r.get("reused_from")) != (predicts(r, previous.get(_cell(r))) or
+                                                                      _always(r, previous))]
             previous = {_cell(r): r for r in recs}
             step = Path(tmp) / "step.jsonl"
             step.write_text("".join(json.dumps(r) + "\n" for r in recs))
+            if "broken" in name:  # the same edit, run fresh: the verdicts the incremental run must give
+                _, broken = _run(opts.python, root, Path(tmp) / "broken-fresh.jsonl", [*args, "--fresh"])
+                fresh_file.write_text("".join(json.dumps(r) + "\n" for r in broken))
+                before = {_cell(r): r["status"] for r in fresh}
+                print(f"  the break changed the status of {sum(before.get(_cell(r)) != r['status'] for r in broken)} "
+                      f"cells in a fresh run", flush=True)
             same = _diff(opts.python, root, fresh_file, step)
             bad |= bool(wrong) or not same
             print(f"| {name} | {len(ran)} | {wall:.1f} | {wall / fresh_wall:.0%} | "

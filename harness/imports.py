@@ -6,22 +6,24 @@ import importlib.util
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 __all__ = ["import_file"]
 
 
-def import_file(path: str | Path, name: str) -> ModuleType:
+def import_file(path: str | Path, name: str, loader: Any = None) -> ModuleType:
     """Import ``path`` (a ``.py`` file, or a package folder holding ``__init__.py``) as
     module ``name``, cached in ``sys.modules``; a failing import leaves no
-    half-initialized module behind."""
+    half-initialized module behind. ``loader(name, file)``: the loader to use (default: Python's)."""
     if name in sys.modules:
         return sys.modules[name]
     path = Path(path)
     if path.is_dir():
-        spec = importlib.util.spec_from_file_location(name, path / "__init__.py",
-                                                      submodule_search_locations=[str(path)])
+        file = path / "__init__.py"
+        spec = importlib.util.spec_from_file_location(name, file, submodule_search_locations=[str(path)],
+                                                      loader=loader(name, str(file)) if loader else None)
     else:
-        spec = importlib.util.spec_from_file_location(name, path)
+        spec = importlib.util.spec_from_file_location(name, path, loader=loader(name, str(path)) if loader else None)
     assert spec is not None and spec.loader is not None, path
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module

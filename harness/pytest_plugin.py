@@ -123,7 +123,7 @@ class _Batch:
         opts = LaunchOptions(config=run.with_(run_id=f"pytest-{stamp}-{worker}", out=out_path, per="world-size"),
                              patches_module_id=self.planned.module_id)
         opts.out_path.parent.mkdir(parents=True, exist_ok=True)
-        reused, cells = reuse(cells, opts.config, opts.out_path)
+        reused, cells = reuse(cells, opts.config, opts.out_path, self.planned.module_path)
         result = run_cells(cells, opts) if cells else RunResult()
         if result.signal is not None:
             raise KeyboardInterrupt

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from bench.incremental import insert_first
 from harness.launch.incremental import reusable_records
 from harness.plan.inputs import PROJECT_ROOT, import_closure
 from harness.results.reading import load_records
@@ -28,12 +29,12 @@ def test_a_scenario_depends_on_every_project_file_it_imports_and_nothing_else(tm
     assert PROJECT_ROOT / "scenarios" / "_models.py" in project
 
 
-def _run(out: Path, patches: Path, scenarios: Path, *extra: str) -> list:
+def _run(out: Path, patches: Path, scenarios: Path, *extra: str, exits: tuple[int, ...] = (0,)) -> list:
     cmd = [sys.executable, "-m", "harness", "run", "--quiet", "--out", str(out), "--world-size", "1",
            "--patches", str(patches), "--scenarios-dir", str(scenarios), "--scenario", "plain", "--scenario",
            "q_frozen_uint8_param", "--scenario", "my_pure_bf16", *extra]
     res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    assert res.returncode in exits, res.stdout[-2000:] + res.stderr[-2000:]
     records, skipped = load_records([out])
     assert not skipped
     latest = records[-1][0].run_id
@@ -64,10 +65,20 @@ def test_only_the_cells_whose_inputs_changed_run_again_with_the_fresh_verdicts(t
     assert _ran(again) == set() and _verdicts(again) == _verdicts(fresh)
     assert all(r.reused_from["run_id"] == fresh[0].run_id for r in again)
 
-    with open(patches / "nonfloat.py", "a") as f:  # one patch function's file: its cells and every deployed one
+    with open(patches / "nonfloat.py", "a") as f:  # a comment in a patch file: no code changed, nothing runs
         f.write("\n# edited\n")
+    assert _ran(_run(out, patches, scenarios)) == set()
+
+    # one patch function: exactly the cells that ran it, on any rank, run again
+    installing = [r for r in fresh if r.installed_patches]
+    assert installing and all(r.code_deps for r in installing)
+    some = sorted({d for r in installing for d in r.code_deps if "::" in d and "<module>" not in d
+                   and not all(d in x.code_deps for x in installing)})
+    target = "grads.py::clip_grad_norm_"  # the deployed cells that clip run it; the others do not
+    assert target in some, some
+    insert_first(patches / target.split("::")[0], target.split("::")[1], "_edited = None")
     after_patch = _run(out, patches, scenarios)
-    assert _ran(after_patch) == {(s, v) for s, v in everything if v == "deployed"} | {("q_frozen_uint8_param", "patched")}
+    assert _ran(after_patch) == {(r.scenario, r.variant) for r in installing if target in r.code_deps}
     assert _verdicts(after_patch) == _verdicts(fresh)
 
     with open(scenarios / "my_pure_bf16.py", "a") as f:  # one scenario file: its cells only
@@ -75,6 +86,14 @@ def test_only_the_cells_whose_inputs_changed_run_again_with_the_fresh_verdicts(t
     after_scenario = _run(out, patches, scenarios)
     assert _ran(after_scenario) == {(s, v) for s, v in everything if s == "my_pure_bf16"}
     assert _verdicts(after_scenario) == _verdicts(fresh)
+
+    # that function broken: the cells that ran it get what a fresh run of the broken module gives
+    insert_first(patches / target.split("::")[0], target.split("::")[1], "raise RuntimeError('broken here')")
+    broken = _run(out, patches, scenarios, exits=(1,))  # 1: cells not as expected
+    broken_fresh = _run(tmp_path / "broken-fresh.jsonl", patches, scenarios, "--fresh", exits=(1,))
+    assert _verdicts(broken) == _verdicts(broken_fresh) != _verdicts(fresh)
+    assert _ran(broken) == {(r.scenario, r.variant) for r in installing if target in r.code_deps}
+    (patches / target.split("::")[0]).write_text((ROOT / "fsdp_patches" / target.split("::")[0]).read_text())
 
     options = _run(out, patches, scenarios, "--timeout", "45")  # a run option: every cell
     assert _ran(options) == everything

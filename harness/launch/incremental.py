@@ -1,8 +1,10 @@
 """Pay only for what changed: a cell whose inputs (``harness.plan.inputs``) equal those of a
 record already in the run's records file is answered by that record instead of run.
 
-The newest record with the cell's key is reused when it was as expected and neither it nor
-the cell's documentation is a hang or a crash (those always run: they are the outcomes a
+The newest record with the cell's key is reused when it was as expected, neither it nor
+the cell's documentation is a hang or a crash, and, for a cell that installs patches, every
+piece of the module under test's code that ran in it (``code_deps``,
+``harness.undertest.code_ran``) hashes the same in the source as it is now (those always run: they are the outcomes a
 rerun must confirm). The reused record is written again for this run, saying where it came
 from (``reused_from``: the run id and start time of the run that measured it; a record
 reused again keeps the first). ``--fresh`` (``fresh: true`` in ``matrix.yaml``), ``--shuffle``
@@ -19,6 +21,7 @@ from harness.plan.cells import Cell
 from harness.results.reading import load_records
 from harness.results.record import Record, RecordError, append
 from harness.runconfig import RunConfig
+from harness.undertest.code_ran import CodeIndex
 
 __all__ = ["ALWAYS_RUN", "reusable_records", "reuse"]
 
@@ -41,17 +44,20 @@ def reusable_records(path: Path) -> dict[str, Record]:
     return {k: r for k, r in newest.items() if r.as_expected and r.status not in ALWAYS_RUN}
 
 
-def reuse(cells: list[Cell], config: RunConfig, out: Path) -> tuple[list[Record], list[Cell]]:
-    """The records reused for ``cells`` (already appended to ``out``), and the cells to run."""
+def reuse(cells: list[Cell], config: RunConfig, out: Path,
+          source: Path | None = None) -> tuple[list[Record], list[Cell]]:
+    """The records reused for ``cells`` (already appended to ``out``), and the cells to run;
+    ``source``: the module under test's folder (or file)."""
     if config.fresh or config.shuffle is not None or config.dump is not None:
         return [], cells
     known = reusable_records(out)
+    code = CodeIndex(source) if source is not None else None
     reused: list[Record] = []
     to_run: list[Cell] = []
     now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     for cell in cells:
         old = known.get(cell.inputs) if cell.inputs else None
-        if old is None or cell.may_end_process:
+        if old is None or cell.may_end_process or (cell.patches and not _same_code(old, code)):
             to_run.append(cell)
             continue
         rec = dataclasses.replace(old, run_id=config.run_id or "", launch_id="reused", cell=cell.index, started_at=now,
@@ -59,3 +65,9 @@ def reuse(cells: list[Cell], config: RunConfig, out: Path) -> tuple[list[Record]
         append(out, rec)
         reused.append(rec)
     return reused, to_run
+
+
+def _same_code(rec: Record, code: CodeIndex | None) -> bool:
+    """Whether the module under test's code that ran in ``rec``'s cell is unchanged (a record
+    that does not say what ran never is)."""
+    return code is not None and bool(rec.code_deps) and code.unchanged(rec.code_deps)

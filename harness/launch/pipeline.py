@@ -36,6 +36,8 @@ class Planned:
     broken: list[LoadError] = field(default_factory=list)
     #: how records name the module under test (``PatchSource.describe``)
     module_id: str = ""
+    #: the module under test's folder (a package) or file: a reused record's code is checked against it
+    module_path: Path | None = None
     #: near misses between the module's functions and the patch names (``near_misses``)
     warnings: list[str] = field(default_factory=list)
 
@@ -72,7 +74,7 @@ def plan(config: RunConfig) -> Planned:
     for c in cells:
         if c.world_size % config.nnodes:
             raise ValueError(f"world size {c.world_size} is not divisible by --nnodes {config.nnodes} (cell {c.label})")
-    return Planned(config=config, cells=cells, broken=broken, module_id=source.describe(),
+    return Planned(config=config, cells=cells, broken=broken, module_id=source.describe(), module_path=source.path,
                    warnings=near_misses(source, vocabulary, config.patch_mapping))
 
 
@@ -97,7 +99,7 @@ def run(config: RunConfig, *, on_start: Callable[[int, Path], None] | None = Non
             on_load_error(e)
     if on_start is not None:
         on_start(len(cells), opts.out_path)
-    reused, cells = reuse(cells, config, opts.out_path)
+    reused, cells = reuse(cells, config, opts.out_path, planned.module_path)
     for rec in reused if opts.on_record else []:
         opts.on_record(rec)
     result = run_cells(cells, opts) if cells else RunResult()

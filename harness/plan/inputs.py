@@ -13,11 +13,12 @@ The key (``CellInputs.key``) covers, for every cell:
   a user's helper beside their scenario);
 * the cell's options: variant, world size, mesh, timeout, init, fault, isolation, expectations.
 
-and, only for a cell that installs patches (patched, deployed, the meta-init workaround),
-the source those patches depend on: for each patch, the file that defines its function and
-every file of the module under test that file imports, transitively, plus the package's
-``__init__`` (it runs on import). A vanilla or api cell does not depend on the patches
-module at all; a patched cell does not depend on the patches it does not install.
+and, only for a cell that installs patches (patched, deployed, the meta-init workaround), the
+module under test by name and mapping, and the files outside it that its files import
+(hashed whole). Its own code is not in the key: what of it ran in the cell is on the record
+(``code_deps``, ``harness.undertest.code_ran``), and the record answers the cell only while
+all of that hashes the same (``harness.launch.incremental``). A vanilla or api cell does not
+depend on the patches module at all; a deployed cell depends only on the patch code it ran.
 """
 
 from __future__ import annotations
@@ -162,7 +163,7 @@ class CellInputs:
     patch_mapping: Mapping[str, str] = field(default_factory=dict)
     isolate: str = ""
     _scenario_digests: dict[str, str] = field(default_factory=dict)
-    _patch_digests: dict[str, str] = field(default_factory=dict)
+    _module_digest: list[str] = field(default_factory=list)
 
     def key(self, cell: Cell) -> str:
         options = dict(variant=cell.variant, device=cell.device, backend=cell.backend, world_size=cell.world_size,
@@ -170,7 +171,7 @@ class CellInputs:
                        patches=list(cell.patches), expected=list(cell.expected), isolate=self.isolate)
         return _digest(_torch_build(), _machine(cell.device), _harness_digest(), _installs(),
                        self.scenario_digest(cell.scenario), json.dumps(options, sort_keys=True),
-                       *(self.patch_digest(p) for p in sorted(cell.patches)))
+                       self.module_digest() if cell.patches else "")
 
     def scenario_digest(self, name: str) -> str:
         if name not in self._scenario_digests:
@@ -179,36 +180,12 @@ class CellInputs:
             self._scenario_digests[name] = _digest(name, _files_digest(files))
         return self._scenario_digests[name]
 
-    def patch_digest(self, patch: str) -> str:
-        """The files patch ``patch`` of the module under test depends on (all of them where its
-        function is not found by name)."""
-        if patch not in self._patch_digests:
-            files = self._patch_files(patch)
-            self._patch_digests[patch] = _digest(patch, self.patch_mapping.get(patch, ""), _files_digest(files))
-        return self._patch_digests[patch]
-
-    def _patch_files(self, patch: str) -> frozenset[Path]:
-        source = self.source
-        if not source.path.is_dir():
-            return frozenset(source.files)
-        wanted = [n for n in (self.patch_mapping.get(patch), f"patch_fsdp_{patch}", f"patch_{patch}", f"{patch}_",
-                              patch) if n]
-        init = source.path / "__init__.py"
-        for name in wanted:
-            for file in source.files:
-                if file != init and _defines(file, name):
-                    closure = import_closure(file, [source.path.parent], skip=("torch", "harness"))
-                    return frozenset({*closure, init.resolve()})
-        return frozenset(source.files)
-
-
-def _top_level_defs(file: Path) -> frozenset[str]:
-    try:
-        tree = ast.parse(file.read_text(), filename=str(file))
-    except SyntaxError:
-        return frozenset()
-    return frozenset(n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)))
-
-
-def _defines(file: Path, name: str) -> bool:
-    return name in _top_level_defs(file)
+    def module_digest(self) -> str:
+        """The module under test by name, the patch mapping, and the files outside the module
+        that its files import (its own code: the record's ``code_deps``)."""
+        if not self._module_digest:
+            source, own = self.source, {f.resolve() for f in self.source.files}
+            closure = set().union(*(import_closure(f, [source.path.parent], skip=("torch", "harness")) for f in own))
+            self._module_digest.append(_digest(source.spec, json.dumps(dict(self.patch_mapping), sort_keys=True),
+                                               _files_digest(closure - own)))
+        return self._module_digest[0]

@@ -1,22 +1,20 @@
-"""One cell on one rank of its slot: install its patch set, train, agree on the outcome,
-and (the slot's first rank) judge it and write its record.
+"""One cell on one rank of its slot: install its patch set, train, agree on the outcome, and (the slot's first
+rank) judge it and write its record.
 
-Every step of user code runs under the cell's deadline (``harness.rank.watchdog``): the
-patches module's import and install, process-group setup, model build, forward and
-backward. The ranks agree on the outcome through the store (``harness.rank.peers``). A rank
-that failed shuts its collective sockets at once, so a peer blocked in a collective on it
-fails at once instead of at the timeout.
+Every step of user code runs under the cell's deadline (``harness.rank.watchdog``): the patches module's
+import and install, process-group setup, model build, forward and backward. The ranks agree on the outcome
+through the store (``harness.rank.peers``). A rank that failed shuts its collective sockets at once, so a
+peer blocked in a collective on it fails at once instead of at the timeout.
 
-Isolation (``RunConfig.isolate``, ``harness.plan.placement``): by default every CPU cell
-runs in a process forked from the rank's zygote (``harness.rank.forked``), so it starts from
-the torch every cell starts from, whatever the cells before it did; it trains, saves what
-FSDP2 produced and posts its outcome, and the worker, which never runs scenario or patch
-code, judges. Where cells share the worker (cuda; ``--isolate snapshot``), what torch and
-Python keep process-wide is taken before the cell and put back after it
+Isolation (``RunConfig.isolate``, ``harness.plan.placement``): by default every CPU cell runs in a process
+forked from the rank's zygote (``harness.rank.forked``), so it starts from the torch every cell starts from,
+whatever the cells before it did; it trains, saves what FSDP2 produced and posts its outcome, and the
+worker, which never runs scenario or patch code, judges. Where cells share the worker (cuda; ``--isolate
+snapshot``), what torch and Python keep process-wide is taken before the cell and put back after it
 (``harness.rank.state``, ``harness.rank.leaks``), and patch sets are undone in turn
-(``harness.undertest.undo``). Either way, what the cell left changed goes on its record
-(``left_state``), the torch functions its patch set replaced too (``patch_changes``), and
-the reference runs in a process of its own (``harness.rank.judging``).
+(``harness.undertest.undo``). Either way, what the cell left changed goes on its record (``left_state``),
+the torch functions its patch set replaced too (``patch_changes``), and the reference runs in a process of
+its own (``harness.rank.judging``).
 """
 
 from __future__ import annotations
@@ -42,6 +40,7 @@ from harness.rank.watchdog import CellTimeout, Watchdog
 from harness.results import record
 from harness.results.outcome import CellOutcome
 from harness.scenario.spec import Scenario
+from harness.undertest import code_ran
 from harness.undertest.install import install_set, load_patches_module
 from harness.undertest.source import Utilities
 from harness.undertest.undo import PatchUndo, forget_module
@@ -91,6 +90,8 @@ class CellRun:
     groups: CellGroups = field(default_factory=CellGroups)
     #: the gloo AVG probe's answers, kept between the slot's healthy cells (``harness.rank.groups``)
     probes: ProbeCache = field(default_factory=ProbeCache)
+    #: the module under test's code run by the active set's import and install (``harness.undertest.code_ran``)
+    set_ran: frozenset[str] = frozenset()
 
     def run_cell(self, cell: Cell, *, slot_rank0: int, rank: int) -> bool:
         """Run ``cell`` as rank ``rank`` of its slot; False when the launch must end."""
@@ -111,6 +112,7 @@ class CellRun:
         self.watchdog.arm(cell.timeout_s)
         observed, outcome = None, peers.RankOutcome(rank=rank, ok=True)
         before: CellState | None = None
+        code_ran.begin(self.set_ran)  # what importing and installing the active set ran counts for every cell of it
         try:
             CLOCK.enter("patches")
             if self.forked:  # the patch set's own changes count as the cell's
@@ -148,6 +150,7 @@ class CellRun:
                 save_observed(self.plan.observed_file(cell.index), observed)
                 outcome.observed = True
         CLOCK.enter("agree")
+        outcome.code_ran = code_ran.report() if cell.patches else {}
         peers.post(self.store, keys, outcome)
         if self.forked:  # the worker judges (``harness.rank.forked.Zygote.run_cell``)
             self.watchdog.disarm()
@@ -201,8 +204,9 @@ class CellRun:
         if forked:
             phases = fold(phases, "forked cell", read_totals(self.plan.phase_times_file(slot_rank0, cell=cell.index)))
         phases = fold(phases, "reference", read_totals(self.plan.phase_times_file(slot_rank0, cell.index, "reference")))
-        outcome.update(patch_install=mine.patch_install, patch_changes=mine.patch_changes,
-                       left_state=list(dict.fromkeys(left)), phases=phases)
+        ran = [o.code_ran for o in outcomes] + [code_ran.report() if cell.patches and not forked else {}]  # in-process reference
+        outcome.update(patch_install=mine.patch_install, patch_changes=mine.patch_changes, phases=phases,
+                       left_state=list(dict.fromkeys(left)), code_deps=code_ran.merge(ran) if cell.patches else None)
         rec = record.new_record(cell, outcome, run_id=self.plan.run_id, launch_id=self.plan.launch_id,
                                 patches_module=self.plan.config.patches, patches_module_id=self.plan.patches_module_id,
                                 t0=t0, order_seed=self.plan.config.shuffle)
@@ -264,7 +268,8 @@ class CellRun:
                 self.set_registries.restore()
         self.undo, self.set_state, self.set_registries = None, None, None
         self.active, self.installs, self.utilities = names, {}, Utilities()
-        self.patch_changes, self.installed = [], {}
+        self.patch_changes, self.installed, self.set_ran = [], {}, frozenset()
+        code_ran.begin(frozenset())
         if not names:
             return
         if not self.forked:
@@ -282,7 +287,7 @@ class CellRun:
                                                         label=self.plan.config.patches,
                                                         on_patch=lambda n: self.watchdog.stamp(install_phase(n)))
         self.patch_changes = self.baseline.changes()
-        self.installed = self.baseline.current(self.patch_changes)
+        self.installed, self.set_ran = self.baseline.current(self.patch_changes), frozenset(code_ran.RAN)
 
     def _train(self, cell: Cell, keys: CellKeys, rank: int, slot_rank0: int) -> list:
         from harness.train import fsdp as fsdp_run

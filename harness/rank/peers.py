@@ -56,6 +56,8 @@ class RankOutcome:
     patch_install: dict[str, dict[str, str]] = field(default_factory=dict)
     patch_changes: list[str] = field(default_factory=list)
     observed: bool = False
+    #: the module under test's code that ran on this rank in the cell, id -> digest (``harness.undertest.code_ran``)
+    code_ran: dict[str, str] = field(default_factory=dict)
 
     @property
     def comm_failure(self) -> bool:

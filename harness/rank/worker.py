@@ -20,6 +20,7 @@ Usage (by the launcher): ``torchrun ... -m harness.rank.worker --plan PLAN.json`
 from __future__ import annotations
 
 import argparse
+import contextlib
 import faulthandler
 import gc
 import importlib
@@ -40,6 +41,9 @@ from harness.rank.leaks import TorchAttributes
 from harness.rank.phases import CLOCK, process_age
 from harness.rank.watchdog import Watchdog, note_exits
 from harness.scenario.load import load_scenarios
+from harness.undertest import code_ran
+from harness.undertest.install import module_root
+from harness.undertest.source import is_path
 from harness.undertest.undo import preload
 
 __all__ = ["import_requirements", "main", "pin"]
@@ -63,7 +67,7 @@ def main(argv: list[str] | None = None) -> None:
     scenarios = load_scenarios(plan.config.scenario_dirs).scenarios
     CLOCK.enter("preload")
     mine = _cells_of(plan, rank)
-    _preload(mine)  # before the first cell's deadline runs
+    _preload(mine, plan.config.patches)  # before the first cell's deadline runs
     _import_requirements(mine, scenarios)
     # torch's, transformers' and the harness's objects live as long as the rank: left
     # in the collector's view, every full collection walks them again (a cell that
@@ -109,14 +113,20 @@ def _cells_of(plan: LaunchPlan, rank: int) -> list[Cell]:
     return [by_index[i] for stage in plan.stages for i in stage.cells_of(rank // stage.world_size)]
 
 
-def _preload(cells: list[Cell]) -> None:
+def _preload(cells: list[Cell], patches: str) -> None:
     """What this rank's cells need before their deadlines: every module a patch may touch
-    where a cell installs patches (``harness.undertest.undo.preload``); else the dynamo package
+    where a cell installs patches (``harness.undertest.undo.preload``) and the module under
+    test's probed code, compiled, not run (``harness.undertest.code_ran.precompile``); else the dynamo package
     FSDP2 imports on first use (importing it sets up torch, ``torch.manual_seed`` included:
     before the rank's snapshot of torch, ``harness.rank.leaks``, and once, not in every
     forked process)."""
     if any(c.patches for c in cells):
         preload()
+        if is_path(patches) or "." not in patches:  # finding a.b would import a: the worker runs no patch code
+            with contextlib.suppress(ValueError):
+                root = module_root(patches)
+                if root is not None:
+                    code_ran.precompile(root)
     else:
         importlib.import_module("torch._dynamo")
 

@@ -66,6 +66,9 @@ class CellOutcome:
     fault: str | None = None
     fault_affected: list[str] = field(default_factory=list)
     fault_missed: list[str] = field(default_factory=list)
+    #: a cell that installed patches: the code of the module under test that ran in it on any rank, id ->
+    #: digest (``harness.undertest.code_ran``); a later run reuses the record while all of it hashes the same
+    code_deps: dict[str, str] | None = None
     #: the judge's wall and CPU seconds per phase of the cell (``harness.rank.phases``: name -> [wall, cpu])
     phases: dict[str, list[float]] | None = None
 

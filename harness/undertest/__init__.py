@@ -1,1 +1,1 @@
-"""The patches module under test: read without importing, installed per cell, undone between patch sets."""
+"""The patches module under test: read without importing, installed per cell (noting which of its code ran), undone between patch sets."""

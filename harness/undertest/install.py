@@ -19,12 +19,14 @@ install and run.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
 from harness.imports import import_file
+from harness.undertest import code_ran
 from harness.undertest.source import UTILITIES, Utilities, is_path
 from harness.vocabulary import DEFAULT_MODULE
 
@@ -36,6 +38,7 @@ __all__ = [
     "install_patches",
     "install_set",
     "load_patches_module",
+    "module_root",
     "resolve",
 ]
 
@@ -51,17 +54,38 @@ class InstallOutcome:
         return {"status": self.status, "reason": self.reason}
 
 
-def load_patches_module(spec: str) -> ModuleType:
-    """Import ``spec``: a dotted module name or a path to a ``.py`` file.
-
-    Raises ``ValueError`` with one line naming the problem when it cannot be loaded.
-    """
+def module_root(spec: str) -> Path | None:
+    """The folder of the patches module ``spec`` (a package), or its file; None where a
+    dotted name finds none (its import says why). ``ValueError`` for a path that is not there."""
     if is_path(spec):
         path = Path(spec).resolve()
         if not path.exists():
             raise ValueError(f"patches module file not found: {spec}")
+        return path
+    try:
+        found = importlib.util.find_spec(spec)
+    except (ImportError, ValueError):
+        return None
+    if found is None or not found.origin or not found.origin.endswith(".py"):
+        return None
+    origin = Path(found.origin).resolve()
+    return origin.parent if found.submodule_search_locations else origin
+
+
+def load_patches_module(spec: str) -> ModuleType:
+    """Import ``spec``: a dotted module name or a path to a ``.py`` file, its code probed
+    (``harness.undertest.code_ran``: which of its functions a cell ran).
+
+    Raises ``ValueError`` with one line naming the problem when it cannot be loaded.
+    """
+    root = module_root(spec)
+    if root is not None:
+        code_ran.install_finder(root)
+    if is_path(spec):
+        path = Path(spec).resolve()
         try:
-            module = import_file(path, f"_fsdp_compat_patches_{path.stem}")
+            module = import_file(path, f"_fsdp_compat_patches_{path.stem}",
+                                 loader=lambda name, file: code_ran.ProbedLoader(name, file, root))
         except SystemExit as e:
             raise ValueError(_exited_at_import(e)) from e
         except Exception as e:  # a broken module is the user's input, not our crash
