@@ -103,6 +103,10 @@ class LaunchPlan:
         """Where a rank notes that code under test ended it (``write_exit``)."""
         return self._file(f"rank{rank}.exit")
 
+    def slot_file(self, rank: int, what: str) -> Path:
+        """``done``: the last cell global rank ``rank`` posted; ``quiet``: since when it sat blocked (``harness.rank.deadlock``)."""
+        return self._file(f"rank{rank}.{what}")
+
     def phase_times_file(self, rank: int, cell: int | None = None, what: str = "cell") -> Path:
         """Where a rank's process (or the process forked for ``cell``: ``what`` is "cell" or
         "reference") writes its time per phase (``harness.rank.phases``)."""

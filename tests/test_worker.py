@@ -52,7 +52,7 @@ def test_a_rank_is_pinned_to_its_core_unless_the_run_says_no_pin(monkeypatch, tm
 
 
 @pytest.mark.parametrize("cells, wanted", [
-    ([_cell(0), _cell(1, variant="patched", patches=("p",))], ["preload"]),
+    ([_cell(0), _cell(1, variant="patched", patches=("p",))], ["preload", "precompile fsdp_patches"]),
     ([_cell(0), _cell(1, expected=("crash",))], ["torch._dynamo"]),  # before the zygote and the snapshot of torch
     ([_cell(0), _cell(1)], ["torch._dynamo"]),
 ])
@@ -60,8 +60,10 @@ def test_only_what_the_ranks_cells_need_is_preloaded(monkeypatch, cells, wanted)
     done = []
     monkeypatch.setattr(worker, "preload", lambda: done.append("preload"))
     monkeypatch.setattr(worker.importlib, "import_module", done.append)
-    worker._preload(cells)
+    monkeypatch.setattr(worker.code_ran, "precompile", lambda root: done.append(f"precompile {root.name}"))
+    worker._preload(cells, "fsdp_patches")  # compiled, never run: the worker runs no patch code
     assert done == wanted
+    assert "fsdp_patches" not in sys.modules or not cells[1].patches
 
 
 def test_requirements_are_those_of_the_ranks_scenarios(monkeypatch):

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch.distributed as dist
 
@@ -29,6 +29,7 @@ from harness.plan.cells import Cell
 from harness.plan.placement import runs_forked
 from harness.protocol import CellKeys, LaunchPlan, install_phase, mark_started, read_phase
 from harness.rank import peers
+from harness.rank.deadlock import Slot
 from harness.rank.groups import CellGroups, ProbeCache, keep_group
 from harness.rank.judging import check_saved, dump, save_observed, scenario_for
 from harness.rank.leaks import CellState, TorchAttributes
@@ -109,9 +110,8 @@ class CellRun:
         """The cell itself, in this process."""
         keys = CellKeys(launch_id=self.plan.launch_id, index=cell.index)
         self.mark = self.mark or CLOCK.snapshot()  # a forked cell's process counts from here
-        self.watchdog.arm(cell.timeout_s)
-        observed, outcome = None, peers.RankOutcome(rank=rank, ok=True)
-        before: CellState | None = None
+        self.watchdog.arm(cell.timeout_s, Slot.of(self.plan, cell, slot_rank0, rank))  # a certain hang ends it at once
+        observed, outcome, before = None, peers.RankOutcome(rank=rank, ok=True), cast("CellState | None", None)
         code_ran.begin(self.set_ran)  # what importing and installing the active set ran counts for every cell of it
         try:
             CLOCK.enter("patches")
@@ -151,7 +151,7 @@ class CellRun:
                 outcome.observed = True
         CLOCK.enter("agree")
         outcome.code_ran = code_ran.report() if cell.patches else {}
-        peers.post(self.store, keys, outcome)
+        peers.post(self.store, keys, outcome, done=self.plan.slot_file(slot_rank0 + rank, "done"))
         if self.forked:  # the worker judges (``harness.rank.forked.Zygote.run_cell``)
             self.watchdog.disarm()
             return True

@@ -15,6 +15,7 @@ import socket
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
@@ -56,6 +57,8 @@ class RankOutcome:
     patch_install: dict[str, dict[str, str]] = field(default_factory=dict)
     patch_changes: list[str] = field(default_factory=list)
     observed: bool = False
+    #: the watchdog ended the cell before its deadline: blocked in a collective after every peer finished it
+    deadlock: bool = False
     #: the module under test's code that ran on this rank in the cell, id -> digest (``harness.undertest.code_ran``)
     code_ran: dict[str, str] = field(default_factory=dict)
 
@@ -78,8 +81,11 @@ def connect_store(world: int, *, client_only: bool = False) -> dist.Store:
     )
 
 
-def post(store: dist.Store, keys: CellKeys, outcome: RankOutcome) -> None:
+def post(store: dist.Store, keys: CellKeys, outcome: RankOutcome, done: Path | None = None) -> None:
+    """Post this rank's outcome; ``done``: the file where peers' watchdogs see it posted (``harness.rank.watchdog``)."""
     store.set(keys.status(outcome.rank), json.dumps(asdict(outcome)))
+    if done is not None:
+        done.write_text(str(keys.index))
 
 
 def collect_outcomes(store: dist.Store, keys: CellKeys, world: int, timeout_s: float) -> tuple[list[RankOutcome], list[int]]:
@@ -139,8 +145,11 @@ def blame(outcomes: list[RankOutcome], missing: dict[int, str | None], timeout_s
                        *(f"rank {r} never reported (last in {p!r})" for r, p in sorted(missing.items()))])
     primary = next((o for o in failed if o.rank == behind[0]), None)
     arrived = "" if len(behind) == len(phases) else " did not arrive"
+    when = f"within {timeout_s:g} s"
+    if any(o.deadlock for o in failed):  # certain before the deadline (``harness.rank.deadlock``)
+        when = f"(a deadlock: every rank blocked with nothing running, {when})"
     return CellOutcome(**fields, status="hang", exc_type=Failure.CELL_TIMEOUT, failing_rank=behind[0],
-                       exc_msg=f"no result within {timeout_s:g} s: rank(s) {behind}{arrived} ({where})",
+                       exc_msg=f"no result {when}: rank(s) {behind}{arrived} ({where})",
                        traceback=primary.traceback if primary else None)
 
 
@@ -201,9 +210,11 @@ def failure(rank: int, e: BaseException, watchdog: Watchdog) -> RankOutcome:
     lines = str(e).strip().splitlines()
     msg, fired = lines[0][:500] if lines else "", watchdog.fired
     if isinstance(e, CellTimeout):
-        msg = f"the cell's deadline passed in {watchdog.phase!r}"
+        msg = (f"blocked for good in {watchdog.phase!r} (every rank of the slot was)" if watchdog.deadlock else
+               f"the cell's deadline passed in {watchdog.phase!r}")
     elif isinstance(e, SystemExit):  # str(SystemExit(0)) is "0"
         msg = f"SystemExit {e.code} during {watchdog.phase!r}"
     return RankOutcome(rank=rank, ok=False, exc_type=Failure.CELL_TIMEOUT if fired else type(e).__name__, exc_msg=msg,
                              traceback=traceback.format_exc()[-8000:], t_fail=time.time(), phase=watchdog.phase,
-                             where=watchdog.where if fired else None, in_collective=watchdog.in_collective if fired else None)
+                             where=watchdog.where if fired else None, in_collective=watchdog.in_collective if fired else None,
+                             deadlock=fired and watchdog.deadlock)

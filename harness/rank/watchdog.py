@@ -10,7 +10,8 @@ the reference. At the cell's deadline a watchdog thread
   rank blocked in a gloo collective fails at once instead of at gloo's own timeout.
 
 So a hung cell is recorded as a hang within its timeout plus a second or so, in the
-same launch. Code stuck where neither reaches (a C loop holding the GIL) is left to the
+same launch; sooner where the hang is certain, every rank of the slot blocked with nothing
+running (``harness.rank.deadlock``: ``deadlock``). Code stuck where neither reaches (a C loop holding the GIL) is left to the
 launcher, which kills the launch ``grace_s`` after the deadline.
 
 Each rank also stamps its phase into a small file the launcher can read after a kill,
@@ -36,6 +37,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from harness.protocol import IDLE, write_exit, write_phase
+from harness.rank.deadlock import LOOK_S, Slot
 from harness.rank.phases import CLOCK, category_of
 
 __all__ = ["CellTimeout", "PhaseBoard", "Watchdog", "note_exits"]
@@ -93,6 +95,9 @@ class Watchdog:
         #: inside torch.distributed (a collective) rather than in the scenario's own code
         self.where = ""
         self.in_collective = False
+        #: the cell's slot, looked at for a certain hang (``harness.rank.deadlock``); whether it found one
+        self.slot: Slot | None = None
+        self.deadlock = False
         self._in_user_code = False
         self._wake = threading.Condition()
         self._main = threading.main_thread().ident
@@ -100,9 +105,10 @@ class Watchdog:
         threading.Thread(target=self._watch, name="cell-watchdog", daemon=True).start()
 
     # -- the cell -------------------------------------------------------------------
-    def arm(self, timeout_s: float) -> None:
+    def arm(self, timeout_s: float, slot: Slot | None = None) -> None:
+        """Fire ``timeout_s`` from now, or as soon as ``slot`` shows the hang is certain."""
         with CLOCK.timed("watchdog"), self._wake:
-            self.deadline, self.fired = time.time() + timeout_s, False
+            self.deadline, self.fired, self.deadlock, self.slot = time.time() + timeout_s, False, False, slot
             self._wake.notify()
 
     def disarm(self) -> None:
@@ -140,10 +146,10 @@ class Watchdog:
                     self._wake.wait()
                     continue
                 left = self.deadline - time.time()
-                if left > 0:
-                    self._wake.wait(timeout=left)
+                if left > 0 and not self._deadlocked():
+                    self._wake.wait(timeout=min(left, LOOK_S) if self.slot else left)
                     continue
-                self.fired = True
+                self.fired, self.deadlock = True, left > 0
                 self._note_where()
                 if self._in_user_code:
                     signal.pthread_kill(self._main, signal.SIGALRM)
@@ -157,6 +163,10 @@ class Watchdog:
         self.where = f"{code.co_name} ({Path(code.co_filename).name}:{frame.f_lineno})"
         self.in_collective = any(f"{os.sep}torch{os.sep}distributed{os.sep}" in f.f_code.co_filename
                                  for f in _stack(frame, 3))
+
+    def _deadlocked(self) -> bool:
+        return self.slot is not None and self._in_user_code and \
+            self.slot.certain(sys._current_frames().get(self._main), threading.get_native_id())
 
     def _on_alarm(self, signum, frame) -> None:
         if self._in_user_code and self.fired:

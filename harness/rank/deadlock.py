@@ -1,0 +1,114 @@
+"""A hang that is certain before the cell's deadline: every rank of the slot blocked in
+``torch.distributed`` while nothing of theirs runs.
+
+A documented hang costs its whole timeout in every run (the incremental one too: a hang is
+always run again). On CPU (gloo) a collective moves only while some rank's process runs:
+each rank's watchdog looks every ``LOOK_S`` whether its rank is *quiet*: the main thread's
+innermost Python frame is ``torch.distributed``'s, the same as at the last look, every other thread of the
+process (the watchdog's own aside) is asleep, and together they spent no CPU time since. It
+writes since when into its quiet file; a peer that has posted the cell says so in its done
+file (``harness.rank.peers.post``). Once this rank has been quiet for ``QUIET_S`` and every
+peer is done or has been quiet as long, the slot has had a common stretch of at least
+``QUIET_S - LOOK_S`` in which no rank ran, so nothing was sent and nothing was in flight:
+no rank can wake any more, and the watchdog ends the cell as a hang at once.
+
+Only CPU cells: on a GPU a host thread sleeps while the device works. Ranks on another
+machine leave no files here, so such a slot waits for its deadline as before.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness.plan.cells import Cell
+from harness.protocol import LaunchPlan
+
+__all__ = ["LOOK_S", "QUIET_S", "Slot"]
+
+#: how often a rank looks
+LOOK_S = 0.25
+#: how long every rank must have been quiet
+QUIET_S = 1.0
+
+
+@dataclass(kw_only=True)
+class Slot:
+    """One rank's view of its slot in one cell."""
+
+    cell: int
+    #: this rank's quiet file
+    own: Path
+    #: every other rank's (done file, quiet file)
+    peers: list[tuple[Path, Path]]
+    _last: tuple | None = None
+    _since: float | None = None
+    _noted: str = field(default="")
+
+    @classmethod
+    def of(cls, plan: LaunchPlan, cell: Cell, slot_rank0: int, rank: int) -> Slot | None:
+        """Rank ``rank``'s view of ``cell``'s slot; None for a cell not on CPU."""
+        if cell.device != "cpu":
+            return None
+        quiet = [plan.slot_file(slot_rank0 + r, "quiet") for r in range(cell.world_size)]
+        return cls(cell=cell.index, own=quiet[rank], peers=[(plan.slot_file(slot_rank0 + r, "done"), quiet[r])
+                                                            for r in range(cell.world_size) if r != rank])
+
+    def certain(self, frame, watchdog_tid: int | None) -> bool:
+        """Look once (the watchdog thread, with the main thread's innermost ``frame``)."""
+        now = time.time()
+        look = _look(frame, watchdog_tid)
+        if look is None or look != self._last:
+            self._last, self._since = look, (now if look is not None else None)
+            self._note("")
+            return False
+        assert self._since is not None
+        self._note(f"{self.cell} {self._since!r}")
+        if now - self._since < QUIET_S:
+            return False
+        return all(_read(done) == str(self.cell) or _quiet_for(quiet, self.cell, now) >= QUIET_S
+                   for done, quiet in self.peers)
+
+    def _note(self, text: str) -> None:
+        if text != self._noted:
+            self._noted = text
+            try:
+                self.own.write_text(text)
+            except OSError:
+                pass
+
+
+def _look(frame, watchdog_tid: int | None) -> tuple | None:
+    """(main frame, its line, the process's CPU ticks) when quiet; None when not."""
+    # the innermost Python frame itself: a patch sleeping inside a torch.distributed call is not quiet
+    if frame is None or f"{os.sep}torch{os.sep}distributed{os.sep}" not in frame.f_code.co_filename:
+        return None
+    ticks = 0
+    try:
+        for task in Path("/proc/self/task").iterdir():
+            if task.name == str(watchdog_tid):
+                continue
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            if fields[0] != "S":
+                return None
+            ticks += int(fields[11]) + int(fields[12])
+    except (OSError, IndexError, ValueError):
+        return None  # a thread ended between listing and reading it, or no /proc: not quiet
+    return id(frame), frame.f_lineno, ticks
+
+
+def _quiet_for(path: Path, cell: int, now: float) -> float:
+    words = _read(path).split()
+    try:
+        return now - float(words[1]) if len(words) == 2 and words[0] == str(cell) else 0.0
+    except ValueError:
+        return 0.0
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""

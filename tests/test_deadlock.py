@@ -1,0 +1,113 @@
+"""harness.rank.deadlock: a hang found before the deadline only where it is certain."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from harness.rank import deadlock
+from tests.support import ROOT
+
+
+def _slot(tmp_path, n_peers=2):
+    peers = [(tmp_path / f"r{r}.done", tmp_path / f"r{r}.quiet") for r in range(1, n_peers + 1)]
+    return deadlock.Slot(cell=7, own=tmp_path / "r0.quiet", peers=peers), peers
+
+
+def test_certain_only_when_this_rank_and_every_peer_have_been_quiet_long_enough(tmp_path, monkeypatch):
+    slot, peers = _slot(tmp_path)
+    look = ("frame", 10, 5)
+    monkeypatch.setattr(deadlock, "_look", lambda frame, tid: look)
+    clock = [1000.0]
+    monkeypatch.setattr(deadlock.time, "time", lambda: clock[0])
+    peers[0][0].write_text("7")  # posted this cell
+    peers[1][1].write_text(f"7 {clock[0] - 5}")  # quiet in this cell for 5 s
+    assert not slot.certain(None, None)  # the first quiet look starts the clock
+    clock[0] += 0.5
+    assert not slot.certain(None, None) and (tmp_path / "r0.quiet").read_text() == "7 1000.0"
+    clock[0] += 0.6
+    assert slot.certain(None, None)
+    peers[1][1].write_text(f"7 {clock[0] - 0.3}")  # that peer only just went quiet
+    assert not slot.certain(None, None)
+    peers[1][1].write_text(f"6 {clock[0] - 5}")  # quiet, but in the cell before
+    assert not slot.certain(None, None)
+    peers[1][1].write_text(f"7 {clock[0] - 5}")
+    look = ("frame", 11, 5)  # this rank moved: quiet from now on, not before
+    assert not slot.certain(None, None)
+    look = None  # not quiet at all: its file says so
+    assert not slot.certain(None, None) and (tmp_path / "r0.quiet").read_text() == ""
+
+
+def _two_ranks(tmp_path, body: str, timeout_s: float = 8.0) -> list[dict]:
+    """Two gloo ranks running ``body`` (rank, dist in scope) under a watchdog that looks at the
+    slot; each prints what happened as JSON."""
+    script = textwrap.dedent(f"""
+        import json, os, sys, time, datetime
+        sys.path.insert(0, {str(ROOT)!r})
+        rank = int(sys.argv[1])
+        import torch, torch.distributed as dist
+        from harness.rank import deadlock, peers
+        from harness.rank.watchdog import CellTimeout, Watchdog
+        store = dist.FileStore({str(tmp_path / "store")!r}, 2)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=2, timeout=datetime.timedelta(seconds=60))
+        files = [({str(tmp_path)!r} + f"/r{{r}}.done", {str(tmp_path)!r} + f"/r{{r}}.quiet") for r in range(2)]
+        from pathlib import Path
+        slot = deadlock.Slot(cell=1, own=Path(files[rank][1]), peers=[(Path(d), Path(q)) for r, (d, q) in enumerate(files) if r != rank])
+        wd = Watchdog(None, on_expire=peers.unblock)
+        t0 = time.time()
+        wd.arm({timeout_s}, slot)
+        try:
+            with wd.user_code("step"):
+    """) + textwrap.indent(textwrap.dedent(body), " " * 8) + textwrap.dedent("""
+            out = dict(ok=True)
+        except BaseException as e:
+            out = dict(ok=False, error=type(e).__name__, deadlock=wd.deadlock)
+        Path(files[rank][0]).write_text("1")
+        out["after_s"] = time.time() - t0
+        print(json.dumps(out), flush=True)
+        os._exit(0)
+    """)
+    (tmp_path / "rank.py").write_text(script)
+    procs = [subprocess.Popen([sys.executable, str(tmp_path / "rank.py"), str(r)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in range(2)]
+    outs = []
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        lines = [line for line in out.splitlines() if line.startswith("{")]
+        assert lines, err[-3000:]
+        outs.append(json.loads(lines[-1]))
+    return outs
+
+
+def test_ranks_waiting_in_different_collectives_are_ended_well_before_the_deadline(tmp_path):
+    outs = _two_ranks(tmp_path, """
+        t = torch.ones(4)
+        if rank == 0:
+            dist.all_reduce(t)
+        else:
+            dist.broadcast(t, src=1)
+            dist.broadcast(t, src=1)
+    """)
+    # the first rank to see it ends its part and shuts its sockets; a peer then fails at once too
+    assert not any(o["ok"] for o in outs) and any(o["deadlock"] for o in outs), outs
+    assert all(o["after_s"] < 5.0 for o in outs), outs  # the deadline is 8 s
+
+
+@pytest.mark.parametrize("how", ["sleeps", "computes"])
+def test_a_rank_waiting_for_a_slow_peer_is_never_taken_for_a_deadlock(tmp_path, how):
+    # the peer takes 3 s before it joins: asleep in its own code, or busy
+    outs = _two_ranks(tmp_path, f"""
+        t = torch.ones(4)
+        if rank == 1 and {how!r} == "sleeps":
+            time.sleep(3)
+        if rank == 1 and {how!r} == "computes":
+            end = time.time() + 3
+            while time.time() < end:
+                torch.randn(64, 64) @ torch.randn(64, 64)
+        dist.all_reduce(t)
+        assert float(t[0]) == 2.0
+    """)
+    assert all(o["ok"] for o in outs), outs
+    assert min(o["after_s"] for o in outs) >= 2.9  # it did wait for the peer
