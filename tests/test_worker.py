@@ -61,7 +61,8 @@ def test_only_what_the_ranks_cells_need_is_preloaded(monkeypatch, cells, wanted)
     monkeypatch.setattr(worker, "preload", lambda: done.append("preload"))
     monkeypatch.setattr(worker.importlib, "import_module", done.append)
     monkeypatch.setattr(worker.code_ran, "precompile", lambda root: done.append(f"precompile {root.name}"))
-    worker._preload(cells, "fsdp_patches")  # compiled, never run: the worker runs no patch code
+    worker._preload(cells)
+    worker._precompile(cells, "fsdp_patches")  # compiled, never run: the worker runs no patch code
     assert done == wanted
     assert "fsdp_patches" not in sys.modules or not cells[1].patches
 

@@ -67,8 +67,9 @@ def main(argv: list[str] | None = None) -> None:
     scenarios = load_scenarios(plan.config.scenario_dirs).scenarios
     CLOCK.enter("preload")
     mine = _cells_of(plan, rank)
-    _preload(mine, plan.config.patches)  # before the first cell's deadline runs
+    _preload(mine)  # before the first cell's deadline runs
     _import_requirements(mine, scenarios)
+    _precompile(mine, plan.config.patches)
     # torch's, transformers' and the harness's objects live as long as the rank: left
     # in the collector's view, every full collection walks them again (a cell that
     # collects per step, ``harness.train.resources``: 0.3-0.5 s each, tens of ms frozen)
@@ -113,22 +114,26 @@ def _cells_of(plan: LaunchPlan, rank: int) -> list[Cell]:
     return [by_index[i] for stage in plan.stages for i in stage.cells_of(rank // stage.world_size)]
 
 
-def _preload(cells: list[Cell], patches: str) -> None:
+def _preload(cells: list[Cell]) -> None:
     """What this rank's cells need before their deadlines: every module a patch may touch
-    where a cell installs patches (``harness.undertest.undo.preload``) and the module under
-    test's probed code, compiled, not run (``harness.undertest.code_ran.precompile``); else the dynamo package
+    where a cell installs patches (``harness.undertest.undo.preload``); else the dynamo package
     FSDP2 imports on first use (importing it sets up torch, ``torch.manual_seed`` included:
     before the rank's snapshot of torch, ``harness.rank.leaks``, and once, not in every
     forked process)."""
     if any(c.patches for c in cells):
         preload()
-        if is_path(patches) or "." not in patches:  # finding a.b would import a: the worker runs no patch code
-            with contextlib.suppress(ValueError):
-                root = module_root(patches)
-                if root is not None:
-                    code_ran.precompile(root)
     else:
         importlib.import_module("torch._dynamo")
+
+
+def _precompile(cells: list[Cell], patches: str) -> None:
+    """The module under test's probed code, compiled, not run (``harness.undertest.code_ran.precompile``),
+    where a cell installs patches; after every import, so its scan of the imported modules is complete."""
+    if any(c.patches for c in cells) and (is_path(patches) or "." not in patches):  # finding a.b would import a
+        with contextlib.suppress(ValueError):
+            root = module_root(patches)
+            if root is not None:
+                code_ran.precompile(root)
 
 
 def _import_requirements(cells: list[Cell], scenarios: dict) -> None:
