@@ -64,7 +64,6 @@ def test_only_what_the_ranks_cells_need_is_preloaded(monkeypatch, cells, wanted)
     worker._preload(cells)
     worker._precompile(cells, "fsdp_patches")  # compiled, never run: the worker runs no patch code
     assert done == wanted
-    assert "fsdp_patches" not in sys.modules or not cells[1].patches
 
 
 def test_requirements_are_those_of_the_ranks_scenarios(monkeypatch):

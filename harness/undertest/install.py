@@ -26,7 +26,7 @@ from pathlib import Path
 from types import ModuleType
 
 from harness.imports import import_file
-from harness.undertest import code_ran
+from harness.undertest.code_ran import ProbedLoader, install_finder
 from harness.undertest.source import UTILITIES, Utilities, is_path
 from harness.vocabulary import DEFAULT_MODULE
 
@@ -80,12 +80,12 @@ def load_patches_module(spec: str) -> ModuleType:
     """
     root = module_root(spec)
     if root is not None:
-        code_ran.install_finder(root)
+        install_finder(root)
     if is_path(spec):
         path = Path(spec).resolve()
         try:
             module = import_file(path, f"_fsdp_compat_patches_{path.stem}",
-                                 loader=lambda name, file: code_ran.ProbedLoader(name, file, root))
+                                 loader=lambda name, file: ProbedLoader(name, file, root))
         except SystemExit as e:
             raise ValueError(_exited_at_import(e)) from e
         except Exception as e:  # a broken module is the user's input, not our crash
