@@ -23,17 +23,25 @@ def test_certain_only_when_this_rank_and_every_peer_have_been_quiet_long_enough(
     clock = [1000.0]
     monkeypatch.setattr(deadlock.time, "time", lambda: clock[0])
     peers[0][0].write_text("7")  # posted this cell
-    peers[1][1].write_text(f"7 {clock[0] - 5}")  # quiet in this cell for 5 s
+    peers[1][1].write_text(f"7 {clock[0] - 5} {clock[0]}")  # quiet in this cell for 5 s, as of now
     assert not slot.certain(None, None)  # the first quiet look starts the clock
     clock[0] += 0.5
-    assert not slot.certain(None, None) and (tmp_path / "r0.quiet").read_text() == "7 1000.0"
+    assert not slot.certain(None, None) and (tmp_path / "r0.quiet").read_text() == "7 1000.0 1000.5"
     clock[0] += 0.6
+    peers[1][1].write_text(f"7 {clock[0] - 5} {clock[0] - 0.9}")
+    assert not slot.certain(None, None)  # that peer's last look is 0.9 s old: stale, it may be running now
+    peers[1][1].write_text(f"7 {clock[0] - 5} {clock[0] - 0.2}")
     assert slot.certain(None, None)
-    peers[1][1].write_text(f"7 {clock[0] - 0.3}")  # that peer only just went quiet
+    peers[1][1].write_text(f"7 {clock[0] - 0.3} {clock[0]}")  # that peer only just went quiet
     assert not slot.certain(None, None)
-    peers[1][1].write_text(f"6 {clock[0] - 5}")  # quiet, but in the cell before
+    peers[1][1].write_text(f"6 {clock[0] - 5} {clock[0]}")  # quiet, but in the cell before
     assert not slot.certain(None, None)
-    peers[1][1].write_text(f"7 {clock[0] - 5}")
+    peers[1][1].write_text(f"7 {clock[0] - 5} {clock[0]}")
+    slot.away()  # left user code: its note is gone, and so is its quiet stretch
+    assert (tmp_path / "r0.quiet").read_text() == "" and not slot.certain(None, None)
+    clock[0] += 1.1
+    peers[1][1].write_text(f"7 {clock[0] - 5} {clock[0]}")
+    assert slot.certain(None, None)
     look = ("frame", 11, 5)  # this rank moved: quiet from now on, not before
     assert not slot.certain(None, None)
     look = None  # not quiet at all: its file says so

@@ -109,3 +109,28 @@ def test_a_record_not_as_expected_or_of_a_hang_is_never_reused(tmp_path):
             make_record(scenario="d", inputs="k4", status="mismatch", as_expected=False)]
     out.write_text("".join(r.to_json() + "\n" for r in rows))
     assert set(reusable_records(out)) == {"k1"}
+
+
+def test_the_module_key_sees_its_folder_but_not_its_probed_code(tmp_path):
+    from harness.plan.inputs import CellInputs
+    from harness.undertest.source import locate
+
+    pkg = tmp_path / "mypatches"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("from .impl import patch_x\n")
+    (pkg / "impl.py").write_text("def patch_x():\n    return None\n")
+
+    def key():
+        return CellInputs(scenario_files={}, source=locate(str(pkg))).module_digest()
+
+    first = key()
+    (pkg / "impl.py").write_text("def patch_x():\n    return 1\n")  # probed code: the record's code_deps judge it
+    assert key() == first
+    (pkg / "table.json").write_text("{}")  # data it may read
+    with_data = key()
+    assert with_data != first
+    (pkg / "table.json").write_text('{"a": 1}')
+    assert key() != with_data
+    (pkg / "table.json").unlink()
+    (pkg / "_fast.py").write_text("X = 1\n")  # a file a try/except import or a lazy __getattr__ may find
+    assert key() != first

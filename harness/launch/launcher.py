@@ -6,9 +6,7 @@ still open ``timeout_s + grace_s`` after its start (stuck where the worker's own
 watchdog cannot reach) gets the launch killed and is recorded as a hang, with where each
 of its ranks was; a launch that dies (a rank aborts) gets the cell on the dead rank
 recorded as a crash. Cells that were running beside them, or not yet started, run in a
-new launch.
-
-Every process a launch starts is reaped on every path (``harness.process.tree``): a normal end,
+new launch. Every process a launch starts is reaped on every path (``harness.process.tree``): a normal end,
 a timeout, a crash, an exception in the harness, SIGINT or SIGTERM; so is every process the
 code under test started, reparented ones included (this process is a child subreaper while
 cells run). On a signal the run stops launching, reaps, and returns what finished; nothing
@@ -278,6 +276,8 @@ def _start(plan: LaunchPlan, plan_path: Path, log_path: Path, opts: LaunchOption
         env.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
         env["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_slice(visible_gpus(), *worker_slot(), world // opts.config.nnodes))
     log_path.write_text("$ " + " ".join(cmd) + "\n")
+    for stale in (plan.slot_file(r, w) for r in range(world) for w in ("done", "quiet")):  # a rerun of this id's
+        stale.unlink(missing_ok=True)
     return procs.start(cmd, env=env, cwd=PROJECT_ROOT, log=log_path)
 
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.plan.cells import Cell
-from harness.undertest.source import PatchSource
+from harness.undertest.source import PatchSource, is_path
 
 __all__ = ["PROJECT_ROOT", "CellInputs", "import_closure"]
 
@@ -181,11 +181,25 @@ class CellInputs:
         return self._scenario_digests[name]
 
     def module_digest(self) -> str:
-        """The module under test by name, the patch mapping, and the files outside the module
-        that its files import (its own code: the record's ``code_deps``)."""
+        """The module under test by name, the patch mapping, what lies in its folder (every file's
+        name; the bytes of those that are not probed Python: data, a symlink out of it), its
+        parent packages' ``__init__`` files, and the files outside it that its files import
+        (its own probed code: the record's ``code_deps``)."""
         if not self._module_digest:
-            source, own = self.source, {f.resolve() for f in self.source.files}
+            source = self.source
+            root = source.path.resolve()
+            own = {f.resolve() for f in source.files if root == f.resolve() or root in f.resolve().parents}
             closure = set().union(*(import_closure(f, [source.path.parent], skip=("torch", "harness")) for f in own))
+            listing, loose = [], set()
+            if root.is_dir():
+                for f in sorted(source.path.rglob("*")):
+                    if f.is_file() and "__pycache__" not in f.parts:
+                        listing.append(f.relative_to(source.path).as_posix())
+                        if f.suffix != ".py" or f.resolve() not in own:
+                            loose.add(f.resolve())
+            parents = [source.path.parents[i] / "__init__.py" for i in range(source.spec.count("."))
+                       if not is_path(source.spec)]
             self._module_digest.append(_digest(source.spec, json.dumps(dict(self.patch_mapping), sort_keys=True),
-                                               _files_digest(closure - own)))
+                                               json.dumps(listing), _files_digest(
+                                                   (closure - own) | loose | {p for p in parents if p.is_file()})))
         return self._module_digest[0]

@@ -91,8 +91,6 @@ class CellRun:
     groups: CellGroups = field(default_factory=CellGroups)
     #: the gloo AVG probe's answers, kept between the slot's healthy cells (``harness.rank.groups``)
     probes: ProbeCache = field(default_factory=ProbeCache)
-    #: the module under test's code run by the active set's import and install (``harness.undertest.code_ran``)
-    set_ran: frozenset[str] = frozenset()
 
     def run_cell(self, cell: Cell, *, slot_rank0: int, rank: int) -> bool:
         """Run ``cell`` as rank ``rank`` of its slot; False when the launch must end."""
@@ -112,7 +110,6 @@ class CellRun:
         self.mark = self.mark or CLOCK.snapshot()  # a forked cell's process counts from here
         self.watchdog.arm(cell.timeout_s, Slot.of(self.plan, cell, slot_rank0, rank))  # a certain hang ends it at once
         observed, outcome, before = None, peers.RankOutcome(rank=rank, ok=True), cast("CellState | None", None)
-        code_ran.begin(self.set_ran)  # what importing and installing the active set ran counts for every cell of it
         try:
             CLOCK.enter("patches")
             if self.forked:  # the patch set's own changes count as the cell's
@@ -268,8 +265,8 @@ class CellRun:
                 self.set_registries.restore()
         self.undo, self.set_state, self.set_registries = None, None, None
         self.active, self.installs, self.utilities = names, {}, Utilities()
-        self.patch_changes, self.installed, self.set_ran = [], {}, frozenset()
-        code_ran.begin(frozenset())
+        self.patch_changes, self.installed = [], {}
+        code_ran.begin(frozenset())  # a cell depends on all its set ran in this process so far (state carries over)
         if not names:
             return
         if not self.forked:
@@ -287,7 +284,7 @@ class CellRun:
                                                         label=self.plan.config.patches,
                                                         on_patch=lambda n: self.watchdog.stamp(install_phase(n)))
         self.patch_changes = self.baseline.changes()
-        self.installed, self.set_ran = self.baseline.current(self.patch_changes), frozenset(code_ran.RAN)
+        self.installed = self.baseline.current(self.patch_changes)
 
     def _train(self, cell: Cell, keys: CellKeys, rank: int, slot_rank0: int) -> list:
         from harness.train import fsdp as fsdp_run

@@ -12,26 +12,36 @@ peer is done or has been quiet as long, the slot has had a common stretch of at 
 ``QUIET_S - LOOK_S`` in which no rank ran, so nothing was sent and nothing was in flight:
 no rank can wake any more, and the watchdog ends the cell as a hang at once.
 
-Only CPU cells: on a GPU a host thread sleeps while the device works. Ranks on another
+A quiet note is rewritten at every look (``<cell> <since> <last look>``) and counts only
+while fresh; it is cleared when the rank leaves user code. Only CPU cells with peers: on a
+GPU a host thread sleeps while the device works. A Python thread of the rank's own (a timer
+that would abort and retry) makes it not quiet; gloo's threads have no Python frames. Not
+covered: a group of the scenario's own whose timeout is shorter than the cell's (it would
+have ended as an error at that timeout; the harness's groups use the cell's), and a peer
+that posted the cell with asynchronous collectives never waited for. Ranks on another
 machine leave no files here, so such a slot waits for its deadline as before.
 """
 
 from __future__ import annotations
 
 import os
+import sys
+import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from harness.plan.cells import Cell
 from harness.protocol import LaunchPlan
 
-__all__ = ["LOOK_S", "QUIET_S", "Slot"]
+__all__ = ["LOOK_S", "QUIET_S", "STALE_S", "Slot"]
 
 #: how often a rank looks
 LOOK_S = 0.25
 #: how long every rank must have been quiet
 QUIET_S = 1.0
+#: a peer's note older than this says nothing (its watchdog could not look: the GIL held, descheduled)
+STALE_S = 3 * LOOK_S
 
 
 @dataclass(kw_only=True)
@@ -45,31 +55,36 @@ class Slot:
     peers: list[tuple[Path, Path]]
     _last: tuple | None = None
     _since: float | None = None
-    _noted: str = field(default="")
+    _noted: str | None = None
 
     @classmethod
     def of(cls, plan: LaunchPlan, cell: Cell, slot_rank0: int, rank: int) -> Slot | None:
         """Rank ``rank``'s view of ``cell``'s slot; None for a cell not on CPU."""
-        if cell.device != "cpu":
+        if cell.device != "cpu" or cell.world_size < 2:
             return None
         quiet = [plan.slot_file(slot_rank0 + r, "quiet") for r in range(cell.world_size)]
         return cls(cell=cell.index, own=quiet[rank], peers=[(plan.slot_file(slot_rank0 + r, "done"), quiet[r])
                                                             for r in range(cell.world_size) if r != rank])
 
-    def certain(self, frame, watchdog_tid: int | None) -> bool:
-        """Look once (the watchdog thread, with the main thread's innermost ``frame``)."""
+    def certain(self, main_tid: int | None, watchdog_tid: int | None) -> bool:
+        """Look once (the watchdog thread; ``main_tid``: the main thread's ``threading`` ident)."""
         now = time.time()
-        look = _look(frame, watchdog_tid)
+        look = _look(main_tid, watchdog_tid)
         if look is None or look != self._last:
             self._last, self._since = look, (now if look is not None else None)
             self._note("")
             return False
         assert self._since is not None
-        self._note(f"{self.cell} {self._since!r}")
+        self._note(f"{self.cell} {self._since!r} {now!r}")
         if now - self._since < QUIET_S:
             return False
         return all(_read(done) == str(self.cell) or _quiet_for(quiet, self.cell, now) >= QUIET_S
                    for done, quiet in self.peers)
+
+    def away(self) -> None:
+        """The rank is outside user code: whatever it noted no longer holds."""
+        self._last = self._since = None
+        self._note("")
 
     def _note(self, text: str) -> None:
         if text != self._noted:
@@ -80,11 +95,15 @@ class Slot:
                 pass
 
 
-def _look(frame, watchdog_tid: int | None) -> tuple | None:
+def _look(main_tid: int | None, watchdog_tid: int | None) -> tuple | None:
     """(main frame, its line, the process's CPU ticks) when quiet; None when not."""
+    frames = sys._current_frames()
+    frame = frames.get(main_tid)
     # the innermost Python frame itself: a patch sleeping inside a torch.distributed call is not quiet
     if frame is None or f"{os.sep}torch{os.sep}distributed{os.sep}" not in frame.f_code.co_filename:
         return None
+    if any(t not in (main_tid, threading.get_ident()) for t in frames):
+        return None  # a Python thread of the rank's own may still act (a timer, a retry)
     ticks = 0
     try:
         for task in Path("/proc/self/task").iterdir():
@@ -100,9 +119,13 @@ def _look(frame, watchdog_tid: int | None) -> tuple | None:
 
 
 def _quiet_for(path: Path, cell: int, now: float) -> float:
+    """How long the rank of quiet file ``path`` has been quiet in ``cell``; 0 where its note is
+    of another cell, or stale (its watchdog has not looked for ``STALE_S``)."""
     words = _read(path).split()
     try:
-        return now - float(words[1]) if len(words) == 2 and words[0] == str(cell) else 0.0
+        if len(words) != 3 or words[0] != str(cell) or now - float(words[2]) > STALE_S:
+            return 0.0
+        return now - float(words[1])
     except ValueError:
         return 0.0
 
@@ -110,5 +133,5 @@ def _quiet_for(path: Path, cell: int, now: float) -> float:
 def _read(path: Path) -> str:
     try:
         return path.read_text().strip()
-    except OSError:
+    except (OSError, ValueError):
         return ""

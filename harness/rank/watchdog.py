@@ -165,8 +165,15 @@ class Watchdog:
                                  for f in _stack(frame, 3))
 
     def _deadlocked(self) -> bool:
-        return self.slot is not None and self._in_user_code and \
-            self.slot.certain(sys._current_frames().get(self._main), threading.get_native_id())
+        if self.slot is None:
+            return False
+        try:
+            if not self._in_user_code:
+                self.slot.away()
+                return False
+            return self.slot.certain(self._main, threading.get_native_id())
+        except Exception:  # never the watchdog's end: the deadline still holds
+            return False
 
     def _on_alarm(self, signum, frame) -> None:
         if self._in_user_code and self.fired:

@@ -146,7 +146,11 @@ class ProbedLoader(importlib.machinery.SourceFileLoader):
 
     def get_code(self, fullname: str):
         source = self.get_data(self.path)
-        code, _LOADED[self.file_id] = _compiled(self.path, self.file_id, source)
+        try:
+            code, _LOADED[self.file_id] = _compiled(self.path, self.file_id, source)
+        except (SyntaxError, ValueError):
+            RAN.add(self.file_id)  # its bytes: fixing it changes what the cell would do
+            raise
         return code
 
     def exec_module(self, module) -> None:
@@ -202,13 +206,23 @@ def report() -> dict[str, str]:
     """What of the modules under test (every root ``install_finder`` was given) ran here since
     ``begin``, with digests: the probed code that ran, every probed file's top-level code, and
     the bytes of any file under a root that was imported without probes."""
-    found = {i: _LOADED.get(i.split("::")[0], {}).get(i.split("::", 1)[1], "?") for i in RAN}
+    found = {i: _LOADED.get(i.split("::")[0], {}).get(i.split("::", 1)[1], "?") for i in RAN if "::" in i}
+    found |= {i: _bytes_digest(f) for i in RAN if "::" not in i for r in _roots()
+              if (f := r if r.is_file() else r / i).is_file() and file_id(f, r) == i}
     found |= {f"{f}::{MODULE}": d[MODULE] for f, d in _LOADED.items()}
-    roots = [f.root for f in sys.meta_path if isinstance(f, _Finder)]
+    roots = _roots()
     modules = [m for m in list(sys.modules.values()) if not isinstance(getattr(m, "__loader__", None), ProbedLoader)]
     for path, fid in _under_root(modules, roots):
-        found[fid] = hashlib.sha256(path.read_bytes()).hexdigest()[:20]
+        found[fid] = _bytes_digest(path)
     return dict(sorted(found.items()))
+
+
+def _roots() -> list[Path]:
+    return [f.root for f in sys.meta_path if isinstance(f, _Finder)]
+
+
+def _bytes_digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:20]
 
 
 #: a module's file -> (its resolved path, the root it lies under), None for a file under no root
@@ -247,7 +261,7 @@ class CodeIndex:
         if not path.is_file():
             return None
         if not name:
-            return hashlib.sha256(path.read_bytes()).hexdigest()[:20]
+            return _bytes_digest(path)
         if rel not in self._files:
             try:
                 self._files[rel] = digests(path.read_bytes(), str(path))
