@@ -64,7 +64,7 @@ def test_a_module_imported_through_the_loader_reports_what_ran_with_the_digests_
         from harness.undertest import code_ran
         from harness.undertest.install import load_patches_module
         module = load_patches_module({str(pkg)!r})
-        code_ran.begin(frozenset())
+        code_ran.begin()
         wrapper, _ = module.patch_thing()
         wrapper(3)
         spec = importlib.util.spec_from_file_location("plain_import", {str(pkg / "unprobed.py")!r})

@@ -121,7 +121,7 @@ def test_the_module_key_sees_its_folder_but_not_its_probed_code(tmp_path):
     (pkg / "impl.py").write_text("def patch_x():\n    return None\n")
 
     def key():
-        return CellInputs(scenario_files={}, source=locate(str(pkg))).module_digest()
+        return CellInputs(scenario_files={}, source=locate(str(pkg))).module_digest
 
     first = key()
     (pkg / "impl.py").write_text("def patch_x():\n    return 1\n")  # probed code: the record's code_deps judge it

@@ -163,7 +163,6 @@ class CellInputs:
     patch_mapping: Mapping[str, str] = field(default_factory=dict)
     isolate: str = ""
     _scenario_digests: dict[str, str] = field(default_factory=dict)
-    _module_digest: list[str] = field(default_factory=list)
 
     def key(self, cell: Cell) -> str:
         options = dict(variant=cell.variant, device=cell.device, backend=cell.backend, world_size=cell.world_size,
@@ -171,7 +170,7 @@ class CellInputs:
                        patches=list(cell.patches), expected=list(cell.expected), isolate=self.isolate)
         return _digest(_torch_build(), _machine(cell.device), _harness_digest(), _installs(),
                        self.scenario_digest(cell.scenario), json.dumps(options, sort_keys=True),
-                       self.module_digest() if cell.patches else "")
+                       self.module_digest if cell.patches else "")
 
     def scenario_digest(self, name: str) -> str:
         if name not in self._scenario_digests:
@@ -180,26 +179,24 @@ class CellInputs:
             self._scenario_digests[name] = _digest(name, _files_digest(files))
         return self._scenario_digests[name]
 
+    @functools.cached_property
     def module_digest(self) -> str:
         """The module under test by name, the patch mapping, what lies in its folder (every file's
         name; the bytes of those that are not probed Python: data, a symlink out of it), its
         parent packages' ``__init__`` files, and the files outside it that its files import
         (its own probed code: the record's ``code_deps``)."""
-        if not self._module_digest:
-            source = self.source
-            root = source.path.resolve()
-            own = {f.resolve() for f in source.files if root == f.resolve() or root in f.resolve().parents}
-            closure = set().union(*(import_closure(f, [source.path.parent], skip=("torch", "harness")) for f in own))
-            listing, loose = [], set()
-            if root.is_dir():
-                for f in sorted(source.path.rglob("*")):
-                    if f.is_file() and "__pycache__" not in f.parts:
-                        listing.append(f.relative_to(source.path).as_posix())
-                        if f.suffix != ".py" or f.resolve() not in own:
-                            loose.add(f.resolve())
-            parents = [source.path.parents[i] / "__init__.py" for i in range(source.spec.count("."))
-                       if not is_path(source.spec)]
-            self._module_digest.append(_digest(source.spec, json.dumps(dict(self.patch_mapping), sort_keys=True),
-                                               json.dumps(listing), _files_digest(
-                                                   (closure - own) | loose | {p for p in parents if p.is_file()})))
-        return self._module_digest[0]
+        source = self.source
+        root = source.path.resolve()
+        own = {f.resolve() for f in source.files if root == f.resolve() or root in f.resolve().parents}
+        closure = set().union(*(import_closure(f, [source.path.parent], skip=("torch", "harness")) for f in own))
+        listing, loose = [], set()
+        if root.is_dir():
+            for f in sorted(source.path.rglob("*")):
+                if f.is_file() and "__pycache__" not in f.parts:
+                    listing.append(f.relative_to(source.path).as_posix())
+                    if f.suffix != ".py" or f.resolve() not in own:
+                        loose.add(f.resolve())
+        parents = [] if is_path(source.spec) else \
+            [source.path.parents[i] / "__init__.py" for i in range(source.spec.count("."))]
+        return _digest(source.spec, json.dumps(dict(self.patch_mapping), sort_keys=True), json.dumps(listing),
+                       _files_digest((closure - own) | loose | {p for p in parents if p.is_file()}))

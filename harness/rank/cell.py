@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 import torch.distributed as dist
 
@@ -109,7 +109,8 @@ class CellRun:
         keys = CellKeys(launch_id=self.plan.launch_id, index=cell.index)
         self.mark = self.mark or CLOCK.snapshot()  # a forked cell's process counts from here
         self.watchdog.arm(cell.timeout_s, Slot.of(self.plan, cell, slot_rank0, rank))  # a certain hang ends it at once
-        observed, outcome, before = None, peers.RankOutcome(rank=rank, ok=True), cast("CellState | None", None)
+        observed, outcome = None, peers.RankOutcome(rank=rank, ok=True)
+        before: CellState | None = None
         try:
             CLOCK.enter("patches")
             if self.forked:  # the patch set's own changes count as the cell's
@@ -266,7 +267,7 @@ class CellRun:
         self.undo, self.set_state, self.set_registries = None, None, None
         self.active, self.installs, self.utilities = names, {}, Utilities()
         self.patch_changes, self.installed = [], {}
-        code_ran.begin(frozenset())  # a cell depends on all its set ran in this process so far (state carries over)
+        code_ran.begin()  # a cell then depends on all its set ran in this process so far (state carries over)
         if not names:
             return
         if not self.forked:

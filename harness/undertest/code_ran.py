@@ -179,10 +179,9 @@ class _Finder(importlib.abc.MetaPathFinder):
         return None
 
 
-def begin(ran: frozenset[str]) -> None:
-    """``RAN`` becomes ``ran``: what a cell counts as run before its own code starts."""
+def begin() -> None:
+    """Forget what ran: a new patch set is about to be imported and installed."""
     RAN.clear()
-    RAN.update(ran)
 
 
 def merge(reports) -> dict[str, str]:
@@ -206,11 +205,10 @@ def report() -> dict[str, str]:
     """What of the modules under test (every root ``install_finder`` was given) ran here since
     ``begin``, with digests: the probed code that ran, every probed file's top-level code, and
     the bytes of any file under a root that was imported without probes."""
-    found = {i: _LOADED.get(i.split("::")[0], {}).get(i.split("::", 1)[1], "?") for i in RAN if "::" in i}
-    found |= {i: _bytes_digest(f) for i in RAN if "::" not in i for r in _roots()
-              if (f := r if r.is_file() else r / i).is_file() and file_id(f, r) == i}
-    found |= {f"{f}::{MODULE}": d[MODULE] for f, d in _LOADED.items()}
     roots = _roots()
+    found = {i: _LOADED.get(i.split("::")[0], {}).get(i.split("::", 1)[1], "?") for i in RAN if "::" in i}
+    found |= {i: d for i in RAN if "::" not in i for r in roots if (d := CodeIndex(r).current(i)) is not None}
+    found |= {f"{f}::{MODULE}": d[MODULE] for f, d in _LOADED.items()}
     modules = [m for m in list(sys.modules.values()) if not isinstance(getattr(m, "__loader__", None), ProbedLoader)]
     for path, fid in _under_root(modules, roots):
         found[fid] = _bytes_digest(path)
