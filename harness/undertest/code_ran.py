@@ -29,6 +29,7 @@ import importlib.abc
 import importlib.machinery
 import importlib.util
 import sys
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -129,7 +130,7 @@ def precompile(root: Path) -> None:
             _compiled(str(path), file_id(path, root), path.read_bytes())
         except (OSError, SyntaxError, ValueError):
             continue  # the import says what is wrong, under the cell's watchdog
-    _under_root(list(sys.modules.values()), [root])
+    _unprobed_under([root])
 
 
 def file_id(path: Path, root: Path) -> str:
@@ -209,8 +210,7 @@ def report() -> dict[str, str]:
     found = {i: _LOADED.get(i.split("::")[0], {}).get(i.split("::", 1)[1], "?") for i in RAN if "::" in i}
     found |= {i: d for i in RAN if "::" not in i for r in roots if (d := CodeIndex(r).current(i)) is not None}
     found |= {f"{f}::{MODULE}": d[MODULE] for f, d in _LOADED.items()}
-    modules = [m for m in list(sys.modules.values()) if not isinstance(getattr(m, "__loader__", None), ProbedLoader)]
-    for path, fid in _under_root(modules, roots):
+    for path, fid in _unprobed_under(roots):
         found[fid] = _bytes_digest(path)
     return dict(sorted(found.items()))
 
@@ -223,26 +223,40 @@ def _bytes_digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()[:20]
 
 
-#: a module's file -> (its resolved path, the root it lies under), None for a file under no root
-_WHERE: dict[tuple[str, tuple[Path, ...]], tuple[Path, Path] | None] = {}
+#: a ``sys.modules`` name -> (a weak reference to the module seen there, the roots it was looked at
+#: for, its file under one of them with the file's id, or None): each module is looked at once (a
+#: forked cell inherits what its zygote's ``precompile`` saw), not once per ``report``
+_SCANNED: dict[str, tuple[object, tuple[Path, ...], tuple[Path, str] | None]] = {}
 
 
-def _under_root(modules, roots: list[Path]) -> list[tuple[Path, str]]:
-    """The ``.py`` files of ``modules`` that lie under one of ``roots``, with their ids."""
-    found = []
-    key_roots = tuple(roots)
-    for module in modules:
-        name = getattr(module, "__file__", None)
-        if not roots or not isinstance(name, str) or not name.endswith(".py"):
-            continue
-        if (name, key_roots) not in _WHERE:
-            path = Path(name).resolve()
-            root = next((r for r in roots if path == r or r in path.parents), None)
-            _WHERE[(name, key_roots)] = (path, root) if root is not None and path.is_file() else None
-        where = _WHERE[(name, key_roots)]
-        if where is not None:
-            found.append((where[0], file_id(*where)))
+def _unprobed_under(roots: list[Path]) -> list[tuple[Path, str]]:
+    """The ``.py`` files of imported modules, imported without probes, that lie under one of
+    ``roots``, with their ids."""
+    key, found = tuple(roots), []
+    for name, module in list(sys.modules.items()):
+        seen = _SCANNED.get(name)
+        if seen is None or seen[1] != key or seen[0]() is not module:  # type: ignore[operator]
+            seen = _SCANNED[name] = (_weak(module), key, _file_under(module, roots))
+        if seen[2] is not None:
+            found.append(seen[2])
     return found
+
+
+def _weak(module: object):
+    try:
+        return weakref.ref(module)
+    except TypeError:  # an object that is no module and takes no weak reference: looked at every time
+        return lambda: None
+
+
+def _file_under(module: object, roots: list[Path]) -> tuple[Path, str] | None:
+    name = getattr(module, "__file__", None)
+    if isinstance(getattr(module, "__loader__", None), ProbedLoader) or not isinstance(name, str) \
+            or not name.endswith(".py"):
+        return None
+    path = Path(name).resolve()
+    root = next((r for r in roots if path == r or r in path.parents), None)
+    return (path, file_id(path, root)) if root is not None and path.is_file() else None
 
 
 class CodeIndex:
