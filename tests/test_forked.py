@@ -71,7 +71,7 @@ def _exits_3(*_):
 BEHAVIOUR = {1: _records, 2: _reports_then_aborts, 3: _aborts, 4: _hangs, 5: _exits_3}
 
 
-def _fake_cell_process(plan, scenarios, baseline, *, index, slot_rank0, rank, t0):
+def _fake_cell_process(plan, scenarios, baseline, *, start, index, slot_rank0, rank, t0):
     try:
         die_with_parent()
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
@@ -82,7 +82,7 @@ def _fake_cell_process(plan, scenarios, baseline, *, index, slot_rank0, rank, t0
         os._exit(4)
 
 
-def _fake_reference(plan, scenarios, baseline, *, index, installs):
+def _fake_reference(plan, scenarios, baseline, *, start, index, installs):
     """The referee's work by cell index: answers (1), answers having had to put something
     back (2), hangs (4), dies (3)."""
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))

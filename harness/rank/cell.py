@@ -79,6 +79,8 @@ class CellRun:
     #: torch's functions, methods and classes before any cell (``harness.rank.leaks``): what a
     #: patch set or a cell changed is named against them, and in a shared process put back
     baseline: TorchAttributes = field(default_factory=TorchAttributes)
+    #: a forked cell's process: the process-wide state it starts with, taken once by its zygote
+    start: CellState | None = None
     #: the process-wide state from before the active patch set's import and install, put back
     #: with ``undo`` when the set changes (``harness.rank.state``)
     set_state: GlobalState | None = None
@@ -114,8 +116,7 @@ class CellRun:
         try:
             CLOCK.enter("patches")
             if self.forked:  # the patch set's own changes count as the cell's
-                with CLOCK.timed("state"):
-                    before = CellState.take()
+                before = self.start or CellState.take()
             prepared = self._prepare(cell)
             outcome.prepared = prepared.to_json() if prepared is not None else None
             if prepared is None:

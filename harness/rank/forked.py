@@ -48,7 +48,7 @@ from harness.process.crashlog import exit_message, last_what
 from harness.process.tree import die_with_parent
 from harness.protocol import SETUP_PHASES, CellKeys, LaunchPlan, read_phase
 from harness.rank import peers
-from harness.rank.leaks import TorchAttributes
+from harness.rank.leaks import CellState, TorchAttributes
 from harness.rank.phases import CLOCK
 from harness.rank.referee import Lines, Referee, serve_references
 from harness.rank.watchdog import Watchdog
@@ -242,6 +242,7 @@ def _serve(plan: LaunchPlan, scenarios: dict, baseline: TorchAttributes, channel
     try:
         die_with_parent()
         faulthandler.disable()  # the worker reports a cell process's death; the launch is not over
+        start = CellState.take()  # as every process it forks starts: taken once, not per cell
         while True:
             message, fds, _, _ = socket.recv_fds(channel, 1 << 20, 2)
             if not message:  # the worker is gone
@@ -260,8 +261,8 @@ def _serve(plan: LaunchPlan, scenarios: dict, baseline: TorchAttributes, channel
                 os.close(replies)
                 channel.close()
                 if kind == "referee":
-                    serve_references(plan, scenarios, baseline, *fds, one=request["one_each"])
-                _cell_process(plan, scenarios, baseline, **request)
+                    serve_references(plan, scenarios, baseline, *fds, one=request["one_each"], start=start)
+                _cell_process(plan, scenarios, baseline, start=start, **request)
             for fd in fds:
                 os.close(fd)
             os.write(replies, f"pid {pid}\n".encode())
@@ -277,8 +278,8 @@ def _serve(plan: LaunchPlan, scenarios: dict, baseline: TorchAttributes, channel
         os._exit(code)
 
 
-def _cell_process(plan: LaunchPlan, scenarios: dict, baseline: TorchAttributes, *, index: int, slot_rank0: int,
-                  rank: int, t0: float) -> None:
+def _cell_process(plan: LaunchPlan, scenarios: dict, baseline: TorchAttributes, *, start: CellState, index: int,
+                  slot_rank0: int, rank: int, t0: float) -> None:
     from harness.rank.cell import CellRun
 
     code = 4
@@ -287,7 +288,7 @@ def _cell_process(plan: LaunchPlan, scenarios: dict, baseline: TorchAttributes, 
         die_with_parent()
         gc.freeze()
         world = int(os.environ["WORLD_SIZE"])
-        run = CellRun(plan=plan, store=peers.connect_store(world, client_only=True), forked=True, baseline=baseline,
+        run = CellRun(plan=plan, store=peers.connect_store(world, client_only=True), forked=True, baseline=baseline, start=start,
                       watchdog=Watchdog(plan.stamp_file(slot_rank0 + rank), on_expire=peers.unblock), scenarios=scenarios)
         code = 0 if run.run_here(plan.cell(index), slot_rank0=slot_rank0, rank=rank, t0=t0) else 3
     except BaseException:

@@ -72,10 +72,11 @@ class Referee:
 
 
 def serve_references(plan: LaunchPlan, scenarios: dict, baseline: TorchAttributes, requests: int, replies: int, *,
-             one: bool) -> None:
+                     one: bool, start: CellState | None = None) -> None:
     """A referee: the reference and the comparison of each cell the worker asks for, one after
     another, each written to ``plan.verdict_file``; answers "done <cell> fresh" or, where the
-    reference left the process changed (or ``one``), "done <cell> spent" and ends."""
+    reference left the process changed (or ``one``), "done <cell> spent" and ends. ``start``: the
+    process-wide state its zygote took, as each reference starts with it."""
     code = 4
     try:
         die_with_parent()
@@ -83,7 +84,7 @@ def serve_references(plan: LaunchPlan, scenarios: dict, baseline: TorchAttribute
         with os.fdopen(requests, "r") as lines:
             for line in lines:
                 request = json.loads(line)
-                spent = not _judge_one(plan, scenarios, baseline, **request) or one
+                spent = not _judge_one(plan, scenarios, baseline, start=start, **request) or one
                 os.write(replies, f"done {request['index']} {'spent' if spent else 'fresh'}\n".encode())
                 if spent:
                     break
@@ -96,7 +97,8 @@ def serve_references(plan: LaunchPlan, scenarios: dict, baseline: TorchAttribute
         os._exit(code)
 
 
-def _judge_one(plan: LaunchPlan, scenarios: dict, baseline: TorchAttributes, *, index: int, installs: dict) -> bool:
+def _judge_one(plan: LaunchPlan, scenarios: dict, baseline: TorchAttributes, *, start: CellState | None, index: int,
+               installs: dict) -> bool:
     """The reference and the comparison of cell ``index``, written to ``plan.verdict_file``, then
     the process-wide state put back; False where anything had to be put back (the scenario's
     model factory changed the process: the referee ends rather than trust the put-back)."""
@@ -105,7 +107,7 @@ def _judge_one(plan: LaunchPlan, scenarios: dict, baseline: TorchAttributes, *, 
     CLOCK.reset()
     cell = plan.cell(index)
     with CLOCK.timed("state"):
-        before = CellState.take()
+        before = start or CellState.take()
     outcome = check_saved(scenarios, cell, plan.observed_file(index), installs, references=plan.references_folder())
     plan.verdict_file(index).write_text(json.dumps(outcome.to_json(), default=str))
     CLOCK.enter("state")

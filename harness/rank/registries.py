@@ -7,10 +7,12 @@ configs, DTensor's sharding rules (an op strategy registered for an op that had 
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from harness.rank.versiontags import TAG_VALUE, dict_tag
 
 __all__ = ["Registries"]
 
@@ -79,13 +81,19 @@ class Registries:
     configs: dict[str, dict[str, Any] | None]
     #: DTensor's sharding rules (``_rules``)
     rules: dict[str, dict[Any, Any]]
+    #: per rule table: (the table's id, a reader of its dict version tag, the tag at ``take``):
+    #: a table whose tag has not moved is unchanged and not compared entry by entry
+    rule_tags: dict[str, tuple[int, Any, object]] = field(default_factory=dict)
 
     @classmethod
     def take(cls) -> Registries:
         module = sys.modules.get("torch.nn.modules.module")
         hooks = {name: dict(getattr(module, name)) for name in _HOOK_REGISTRIES if isinstance(getattr(module, name, None), dict)}
+        prop = _propagator()
+        tables = {k: v for k, v in vars(prop).items() if isinstance(v, dict)} if prop is not None else {}
+        tags = {k: (id(v), reader, TAG_VALUE(reader)) for k, v in tables.items() for reader in [dict_tag(v)]}
         return cls(hooks=hooks, saved_tensor_hooks=_saved_tensor_hooks(),
-                   configs={name: _config(name) for name in _CONFIGS}, rules=_rules())
+                   configs={name: _config(name) for name in _CONFIGS}, rules=_rules(), rule_tags=tags)
 
     def changes(self) -> list[str]:
         """One caveat per registry that differs now ("left a global forward hook registered")."""
@@ -146,6 +154,9 @@ class Registries:
             table = getattr(prop, name, None)
             if not isinstance(table, dict):
                 continue
+            table_id, reader, tag = self.rule_tags.get(name, (None, None, None))
+            if table_id == id(table) and TAG_VALUE(reader) == tag:
+                continue  # not changed since ``take``
             changed = [k for k in table.keys() | before.keys() if table.get(k, _MISSING) is not before.get(k, _MISSING)]
             if not changed:
                 continue

@@ -14,7 +14,7 @@ import sys
 from types import ModuleType
 from typing import Any
 
-__all__ = ["NO_TAG", "TAG_OFFSET", "TAG_VALUE", "tag_of"]
+__all__ = ["NO_TAG", "TAG_OFFSET", "TAG_VALUE", "dict_tag", "tag_of"]
 
 
 def _version_tag_offset() -> int | None:
@@ -61,6 +61,13 @@ def tag_of(obj: Any) -> Any:
     if TAG_OFFSET is None:
         return NO_TAG
     d = vars(obj) if isinstance(obj, ModuleType) else next(iter(gc.get_referents(obj.__dict__)), None)
-    if type(d) is not dict:
+    return dict_tag(d)
+
+
+def dict_tag(d: Any) -> Any:
+    """A live reader (``.value``) of the version tag of the dict ``d`` itself (``NO_TAG`` for
+    anything else, or where the interpreter has none). The reader holds no reference to ``d``:
+    keep ``d`` alive as long as the reader is read."""
+    if TAG_OFFSET is None or type(d) is not dict:
         return NO_TAG
     return ctypes.c_uint64.from_address(id(d) + TAG_OFFSET)
