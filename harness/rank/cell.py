@@ -116,7 +116,8 @@ class CellRun:
         try:
             CLOCK.enter("patches")
             if self.forked:  # the patch set's own changes count as the cell's
-                before = self.start or CellState.take()
+                with CLOCK.timed("state"):
+                    before = self.start or CellState.take()
             prepared = self._prepare(cell)
             outcome.prepared = prepared.to_json() if prepared is not None else None
             if prepared is None:

@@ -48,10 +48,10 @@ def _propagator() -> Any:
     return getattr(dispatcher, "sharding_propagator", None)
 
 
-def _rules() -> dict[str, dict[Any, Any]]:
-    """Copies of the propagator's op tables (``op_strategy_funcs`` and its kin)."""
+def _rule_tables() -> dict[str, dict[Any, Any]]:
+    """The propagator's op tables themselves (``op_strategy_funcs`` and its kin)."""
     prop = _propagator()
-    return {k: dict(v) for k, v in vars(prop).items() if isinstance(v, dict)} if prop is not None else {}
+    return {k: v for k, v in vars(prop).items() if isinstance(v, dict)} if prop is not None else {}
 
 
 def _clear_rule_cache() -> None:
@@ -89,11 +89,10 @@ class Registries:
     def take(cls) -> Registries:
         module = sys.modules.get("torch.nn.modules.module")
         hooks = {name: dict(getattr(module, name)) for name in _HOOK_REGISTRIES if isinstance(getattr(module, name, None), dict)}
-        prop = _propagator()
-        tables = {k: v for k, v in vars(prop).items() if isinstance(v, dict)} if prop is not None else {}
+        tables = _rule_tables()
         tags = {k: (id(v), reader, TAG_VALUE(reader)) for k, v in tables.items() for reader in [dict_tag(v)]}
-        return cls(hooks=hooks, saved_tensor_hooks=_saved_tensor_hooks(),
-                   configs={name: _config(name) for name in _CONFIGS}, rules=_rules(), rule_tags=tags)
+        return cls(hooks=hooks, saved_tensor_hooks=_saved_tensor_hooks(), configs={name: _config(name) for name in _CONFIGS},
+                   rules={k: dict(v) for k, v in tables.items()}, rule_tags=tags)
 
     def changes(self) -> list[str]:
         """One caveat per registry that differs now ("left a global forward hook registered")."""
