@@ -167,6 +167,10 @@ class RunConfig:
     pin_ranks: bool = _option(True, flag="--no-pin", switch=True, convert=lambda given: not given,
                               help="leave the ranks to the scheduler (default: each rank pinned to a core where a "
                                    "launch has more ranks than the machine has cores)")
+    #: start every rank of a CPU launch on its own, not forked from a warm server (``harness.launch.forkserver``)
+    cold_start: bool = _option(False, flag="--cold-start", switch=True,
+                               help="start each rank of a CPU launch on its own (default: forked from one process that "
+                                    "imported torch and the scenarios' needs once; ranks then share its hash seed)")
     #: keep each judged cell's observed tensors in this folder
     dump: Path | None = _option(None, flag="--dump", convert=Path, metavar="DIR",
                                 help="save each judged cell's observed tensors in this folder")

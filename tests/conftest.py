@@ -30,8 +30,8 @@ def pytest_sessionfinish(session, exitstatus):
         found = []
         for p in psutil.process_iter(["pid", "cmdline", "create_time"]):
             cmd = " ".join(p.info["cmdline"] or [])
-            if (p.info["create_time"] or 0) >= started - 1 and ("harness.rank.worker" in cmd or "torch.distributed.run" in cmd) \
-                    and any(m in cmd for m in markers):
+            launch = ("harness.rank.worker", "harness.launch.forkserver", "torch.distributed.run")
+            if (p.info["create_time"] or 0) >= started - 1 and any(w in cmd for w in launch) and any(m in cmd for m in markers):
                 found.append(p)
         return found
 

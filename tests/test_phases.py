@@ -101,7 +101,10 @@ def test_every_cells_phases_add_up_to_its_wall_and_every_rank_leaves_its_totals(
     references = sorted(p.name for p in (tmp_path / "r.logs").glob("*.reference*.phases"))
     assert len(references) == 8  # every cell's reference wrote its phases
     judges = {name.split(".")[0] for name in references}
-    assert n == 4 + len(judges)  # and one referee per judging rank served them
+    servers = list((tmp_path / "r.logs").glob("*.forkserver.phases"))
+    assert len(servers) == 1  # the ranks were forked from one warm server (harness.launch.forkserver)
+    assert set(json.loads(servers[0].read_text())["phases"]) >= {"startup", "preload"}
+    assert n == 4 + len(judges) + 1  # and one referee per judging rank served them
     per_rank = [json.loads(p.read_text())["phases"] for p in workers]
     # Every rank of the launch takes part in each 4-rank cell, one after another, after its own
     # startup: its life covers them all and stays within the run's wall. (Not a fraction of the

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from harness.launch import forkserver
 from harness.launch.follow import LaunchFollower
 from harness.launch.outpath import prepare_out
 from harness.plan.cells import Cell
@@ -268,8 +269,8 @@ def _start(plan: LaunchPlan, plan_path: Path, log_path: Path, opts: LaunchOption
         rdzv = ["--nnodes", str(opts.config.nnodes), "--node-rank", str(opts.config.node_rank), "--rdzv-endpoint", opts.config.rdzv_endpoint]
     else:
         rdzv = ["--standalone"]
-    cmd = [opts.python, "-m", "torch.distributed.run", *rdzv, "--nproc-per-node", str(world // opts.config.nnodes),
-           "-m", "harness.rank.worker", "--plan", str(plan_path.resolve())]
+    torchrun = [opts.python, "-m", "torch.distributed.run", *rdzv, "--nproc-per-node", str(world // opts.config.nnodes)]
+    cmd = forkserver.command(plan, torchrun, ["--plan", str(plan_path.resolve())])
     env = {"OMP_NUM_THREADS": "1", **os.environ, "PYTHONUNBUFFERED": "1"}
     env["PYTHONPATH"] = os.pathsep.join([str(PROJECT_ROOT), *filter(None, [env.get("PYTHONPATH")]), *opts.python_path])
     if plan.device == "cuda":  # NVML answers is_available(): a driver initialized before the zygote forks breaks its children

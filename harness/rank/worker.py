@@ -46,7 +46,7 @@ from harness.undertest.install import module_root
 from harness.undertest.source import is_path
 from harness.undertest.undo import preload
 
-__all__ = ["import_requirements", "main", "pin"]
+__all__ = ["import_requirements", "main", "pin", "warm_up"]
 
 EXIT_POISONED = 3
 #: the harness's own exits (``os._exit`` itself is wrapped by ``note_exits``)
@@ -64,16 +64,7 @@ def main(argv: list[str] | None = None) -> None:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     # tells the launcher at once which rank a fatal signal killed
     faulthandler.enable(file=open(plan.crash_file(rank), "w"))  # noqa: SIM115 (kept open for the process)
-    scenarios = load_scenarios(plan.config.scenario_dirs).scenarios
-    CLOCK.enter("preload")
-    mine = _cells_of(plan, rank)
-    _preload(mine)  # before the first cell's deadline runs
-    _import_requirements(mine, scenarios)
-    _precompile(mine, plan.config.patches)
-    # torch's, transformers' and the harness's objects live as long as the rank: left
-    # in the collector's view, every full collection walks them again (a cell that
-    # collects per step, ``harness.train.resources``: 0.3-0.5 s each, tens of ms frozen)
-    gc.freeze()
+    scenarios = warm_up(plan, _cells_of(plan, rank))
     baseline = TorchAttributes.take()  # torch as every cell starts with it (``harness.rank.leaks``)
     CLOCK.enter("rendezvous")
     # before any cell, thread or store connection: forked cells and every reference run in its forks
@@ -99,6 +90,21 @@ def main(argv: list[str] | None = None) -> None:
             peers.wait(store, [stage_done(plan.launch_id, n, r) for r in range(world)], 24 * 3600)
         CLOCK.write(plan.phase_times_file(rank), launch=plan.launch_id, rank=rank)
     _exit(0, plan, rank)  # avoids the frequent abort at interpreter exit after destroy_process_group()
+
+
+def warm_up(plan: LaunchPlan, cells: list[Cell]) -> dict:
+    """Load the scenarios and import what ``cells`` need before their deadlines run; returns the
+    scenarios. A forkserver (``harness.launch.forkserver``) does it once for every cell of the launch."""
+    scenarios = load_scenarios(plan.config.scenario_dirs).scenarios
+    CLOCK.enter("preload")
+    _preload(cells)
+    _import_requirements(cells, scenarios)
+    _precompile(cells, plan.config.patches)
+    # torch's, transformers' and the harness's objects live as long as the rank: left
+    # in the collector's view, every full collection walks them again (a cell that
+    # collects per step, ``harness.train.resources``: 0.3-0.5 s each, tens of ms frozen)
+    gc.freeze()
+    return scenarios
 
 
 def pin(plan: LaunchPlan) -> int | None:

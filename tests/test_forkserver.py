@@ -1,0 +1,119 @@
+"""Warm rank starts (``harness.launch.forkserver``): ranks forked from one warm server, and the
+rank program that stands for each worker in torchrun's eyes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from harness.launch.forkserver import _HEADER
+from harness.rank.phases import read_totals
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _run(tmp_path: Path, *extra: str) -> tuple[list[dict], Path]:
+    out = tmp_path / "r.jsonl"
+    subprocess.run([sys.executable, "-m", "harness", "run", "--scenario", "plain", "--world-size", "2", "--variant",
+                    "vanilla", "--device", "cpu", "--quiet", "--out", str(out), *extra], cwd=ROOT, check=True,
+                   capture_output=True, timeout=300)
+    return [json.loads(line) for line in out.read_text().splitlines()], tmp_path / "r.logs"
+
+
+@pytest.mark.parametrize("cold", [False, True])
+def test_ranks_start_forked_from_the_server_unless_cold(tmp_path, cold):
+    records, logs = _run(tmp_path, *(["--cold-start"] if cold else []))
+    assert [r["status"] for r in records] == ["pass"] and all(r["as_expected"] for r in records)
+    server = list(logs.glob("*.forkserver.phases"))
+    ranks = [read_totals(p) for p in sorted(logs.glob("*.rank[0-9].phases"))]
+    assert len(ranks) == 2
+    startup = [r["startup"][1] for r in ranks]  # CPU seconds before the worker's first line
+    if cold:  # each rank imported torch itself (about a second of CPU)
+        assert server == [] and min(startup) > 0.3, startup
+    else:  # forked after the server's import: the import is counted once, the server's
+        assert len(server) == 1 and max(startup) < 0.1, startup
+        totals = read_totals(server[0])
+        assert totals["startup"][1] > 0.3 and totals["preload"][1] > 0
+
+
+def _listener(name: str) -> socket.socket:
+    """Where a fake server waits for one rank program."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind("\0" + name)
+    listener.listen(1)
+    return listener
+
+
+def _rank_program(name: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "harness.launch.forkserver", "rank", "--socket", name, "--",
+                             "--plan", "/nonexistent/plan.json"], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def _serve_one(listener: socket.socket, cmd: list[str]) -> tuple[socket.socket, subprocess.Popen, dict]:
+    """What the server does for one rank program, with ``cmd`` as the worker."""
+    conn, _ = listener.accept()
+    data, fds, _, _ = socket.recv_fds(conn, 1 << 16, 3)
+    size = _HEADER.unpack(data[:_HEADER.size])[0]
+    data = data[_HEADER.size:]
+    while len(data) < size:
+        data += conn.recv(size - len(data))
+    request = json.loads(data)
+    worker = subprocess.Popen(cmd, stdin=fds[0], stdout=fds[1], stderr=fds[2])
+    for fd in fds:
+        os.close(fd)
+    conn.sendall(f"pid {worker.pid}\n".encode())
+    return conn, worker, request
+
+
+def _status_of(worker: subprocess.Popen) -> int:
+    _, status = os.waitpid(worker.pid, 0)
+    return status
+
+
+def test_the_rank_program_hands_over_its_environment_and_exits_as_its_worker_did(tmp_path):
+    name = f"fsdp-compat-test-{uuid.uuid4().hex}"
+    listener = _listener(name)
+    try:
+        rank = _rank_program(name)
+        conn, worker, request = _serve_one(listener, [sys.executable, "-c", "print('from the worker'); raise SystemExit(3)"])
+        assert request["argv"] == ["--plan", "/nonexistent/plan.json"] and request["cwd"] == str(ROOT)
+        assert request["env"]["PATH"] == os.environ["PATH"]
+        conn.sendall(f"status {_status_of(worker)}\n".encode())
+        output, _ = rank.communicate(timeout=30)
+        assert rank.returncode == 3 and "from the worker" in output  # its streams were the worker's
+    finally:
+        listener.close()
+
+
+def test_the_rank_program_passes_sigterm_on_and_dies_of_it_as_its_worker_did():
+    name = f"fsdp-compat-test-{uuid.uuid4().hex}"
+    listener = _listener(name)
+    try:
+        rank = _rank_program(name)
+        conn, worker, _ = _serve_one(listener, [sys.executable, "-c", "import time; time.sleep(60)"])
+        time.sleep(0.5)  # the rank program has read the pid
+        rank.send_signal(signal.SIGTERM)
+        status = _status_of(worker)
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM  # passed on
+        conn.sendall(f"status {status}\n".encode())
+        rank.communicate(timeout=30)
+        assert rank.returncode == -signal.SIGTERM  # torchrun sees the worker's death
+    finally:
+        listener.close()
+
+
+def test_without_a_server_the_rank_starts_its_worker_cold():
+    rank = _rank_program(f"fsdp-compat-test-{uuid.uuid4().hex}")  # nobody listens there
+    output, _ = rank.communicate(timeout=120)
+    # the worker itself ran (and named the missing plan), not the rank program
+    assert rank.returncode != 0 and "harness/rank/worker.py" in output and "/nonexistent/plan.json" in output
