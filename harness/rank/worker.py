@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> None:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     # tells the launcher at once which rank a fatal signal killed
     faulthandler.enable(file=open(plan.crash_file(rank), "w"))  # noqa: SIM115 (kept open for the process)
-    scenarios = warm_up(plan, _cells_of(plan, rank))
+    scenarios = _WARM.get("scenarios") or warm_up(plan, _cells_of(plan, rank))
     baseline = TorchAttributes.take()  # torch as every cell starts with it (``harness.rank.leaks``)
     CLOCK.enter("rendezvous")
     # before any cell, thread or store connection: forked cells and every reference run in its forks
@@ -104,7 +104,12 @@ def warm_up(plan: LaunchPlan, cells: list[Cell]) -> dict:
     # in the collector's view, every full collection walks them again (a cell that
     # collects per step, ``harness.train.resources``: 0.3-0.5 s each, tens of ms frozen)
     gc.freeze()
+    _WARM["scenarios"] = scenarios
     return scenarios
+
+
+#: what ``warm_up`` returned in this process (a forked worker does not warm up again)
+_WARM: dict = {}
 
 
 def pin(plan: LaunchPlan) -> int | None:
