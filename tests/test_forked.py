@@ -261,3 +261,29 @@ def test_without_its_zygote_the_worker_runs_the_cell_itself(zygote):
     _reap(z.pid)
     assert z.run_cell(run, _cell(1), slot_rank0=2, rank=1, t0=time.time()) is True
     assert pids == [None] and run.calls == [("run_here", 1, 2, 1)]
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs affinity control and two cores")
+def test_the_zygote_runs_on_the_cores_its_worker_had_before_it_was_pinned(tmp_path, monkeypatch):
+    from harness.process import cpus
+
+    cores = sorted(os.sched_getaffinity(0))
+    plan = LaunchPlan(run_id="r", launch_id="L", device="cpu", world_size=4, config=RunConfig(patches="m", patch_mapping={}),
+                      patches_module_id="m", out_path=str(tmp_path / "out.jsonl"), folder=str(tmp_path / "launch"),
+                      cells=[_cell(1)])
+    plan.dump()
+    monkeypatch.setattr(cpus, "_BEFORE", cores)  # as ``pin_rank`` leaves it
+    os.sched_setaffinity(0, cores[:1])
+    try:
+        z = Zygote.start(plan, {}, TorchAttributes())
+    finally:
+        os.sched_setaffinity(0, cores)
+    try:
+        deadline = time.time() + 10
+        while sorted(psutil.Process(z.pid).cpu_affinity()) != cores and time.time() < deadline:
+            time.sleep(0.01)
+        assert sorted(psutil.Process(z.pid).cpu_affinity()) == cores
+    finally:
+        z.close()
+        _reap(z.pid)

@@ -6,13 +6,23 @@ waits for a rank to be woken on another core, and a small gloo all-reduce among 
 Ranks are spread so that the first rank of every slot (``harness.plan.placement``), which
 judges its cells, lands on a different core from the next slot's: with two cores, ranks
 0, 1, 2, 3 go to cores 0, 1, 1, 0. With no more ranks than cores nothing is pinned.
+
+Only the worker is pinned: its zygote (``harness.rank.forked``), and so the forked cells and
+the referee, run on the cores the worker had before (``unpin``). Pinned too, with the ranks
+forked from one warm server (``harness.launch.forkserver``), a zygote reaping a crashed cell's
+process spent seconds in the kernel (``wait4`` -> ``release_task`` -> ``proc_flush_pid`` ->
+``d_invalidate`` -> ``shrink_dcache_parent``, sampled from ``/proc/<pid>/stack``; 0.8-13 s of
+system time per zygote where unpinned it spends 0.1 s) and now and then past the next cell's
+deadline: 4 of 14 warm runs of the 2.13 suite had cells not as expected, 0 of 3 unpinned
+(2026-12-06, Linux 6.18). Cold starts never showed it; which lock the pinned processes
+queue on is not known.
 """
 
 from __future__ import annotations
 
 import os
 
-__all__ = ["kernel_sets", "pin_rank", "rank_core"]
+__all__ = ["kernel_sets", "pin_rank", "rank_core", "unpin"]
 
 #: ``ATEN_CPU_CAPABILITY`` values (the CPU kernel set torch dispatches to) and the cpuinfo flags each needs
 _KERNEL_SETS = (("default", ()), ("avx2", ("avx2",)), ("avx512", ("avx512f", "avx512bw", "avx512vl", "avx512dq")))
@@ -43,9 +53,11 @@ def pin_rank(local_rank: int, local_world: int) -> int | None:
     core, or None where nothing was pinned (enough cores, or no affinity control here)."""
     if not hasattr(os, "sched_setaffinity"):
         return None
-    core = rank_core(local_rank, local_world, sorted(os.sched_getaffinity(0)))
+    before = os.sched_getaffinity(0)
+    core = rank_core(local_rank, local_world, sorted(before))
     if core is None:
         return None
+    _BEFORE[:] = sorted(before)
     try:
         threads = [int(t) for t in os.listdir("/proc/self/task")]
     except OSError:
@@ -56,3 +68,18 @@ def pin_rank(local_rank: int, local_world: int) -> int | None:
         except OSError:  # a thread that ended meanwhile
             pass
     return core
+
+
+#: the cores this process could run on before ``pin_rank`` (empty: not pinned)
+_BEFORE: list[int] = []
+
+
+def unpin() -> bool:
+    """Let this process run on the cores it had before ``pin_rank`` again; False: it was not pinned."""
+    if not _BEFORE:
+        return False
+    try:
+        os.sched_setaffinity(0, _BEFORE)
+    except OSError:
+        return False
+    return True

@@ -1,14 +1,13 @@
 """Run a cell in a forked process per rank (CPU), and cells' references in a forked process.
 
-A cell's process starts from the torch every cell starts from, whatever the cells before
-it did (isolation by construction: no list of settings to put back can be complete), and
-an abort costs the cell, not the launch: cells documented to crash or hang (gloo aborts the
-process on a collective size mismatch; a desynchronized cell may hang) would otherwise end
-the whole launch and cost a relaunch (seconds of imports on every rank). The cell's process
-trains, saves what FSDP2 produced and posts its outcome; the worker judges. The judge's
-reference runs in a process of its own, the *referee* (``harness.rank.referee``: kept from
-one reference to the next, fresh after any it had to put something back for), so it never
-runs under the patch set it judges.
+A cell's process starts from the torch every cell starts from, whatever the cells before it did (isolation
+by construction: no list of settings to put back can be complete), and an abort costs the cell, not the
+launch: cells documented to crash or hang (gloo aborts the process on a collective size mismatch; a
+desynchronized cell may hang) would otherwise end the whole launch and cost a relaunch (seconds of
+imports on every rank). The cell's process trains, saves what FSDP2 produced and posts its outcome; the
+worker judges. The judge's reference runs in a process of its own, the *referee* (``harness.rank.referee``:
+kept from one reference to the next, fresh after any it had to put something back for), so it never runs
+under the patch set it judges.
 
 Both are forked from a *zygote*: a copy of the worker made at its start, after
 the imports and before any cell ran. Forking the worker itself after a cell would not do:
@@ -17,15 +16,15 @@ is spared) refuse autograd in a forked child ("Unable to handle autograd's threa
 combination with fork-based multiprocessing"), and the worker's own threads (watchdog, gloo,
 store) would be copied without their state. The zygote has neither.
 
-The worker asks its zygote for a process over a socket; the zygote forks it, answers with
-its pid, waits for it and answers with its wait status (a referee it does not wait for: the
-referee's pipes travel with the request, and the worker asks the zygote to reap it once it
-has ended). The worker waits at most the cell's deadline (plus grace), then kills it. When
-the cell's process died of a signal, the worker posts that as the rank's outcome, so the
-slot's judge records a crash naming the rank. The launch goes on either way. Zygote, cell
-and referee processes die with their parent (``harness.process.tree.die_with_parent``).
-CUDA cannot be used across ``fork``: cuda cells run in the workers themselves (their
-referees, forked from a zygote that never initialized CUDA, use the GPU).
+The worker asks its zygote for a process over a socket; the zygote forks it, answers with its pid, waits
+for it and answers with its wait status (a referee it does not wait for: the referee's pipes travel with
+the request, and the worker asks the zygote to reap it once it has ended). The worker waits at most the
+cell's deadline (plus grace), then kills it. When the cell's process died of a signal, the worker posts
+that as the rank's outcome, so the slot's judge records a crash naming the rank. The launch goes on either
+way. Zygote, cell and referee processes die with their parent (``harness.process.tree.die_with_parent``)
+and run on every core the worker had before it was pinned (``harness.process.cpus.unpin``). CUDA cannot
+be used across ``fork``: cuda cells run in the workers themselves (their referees, forked from a zygote
+that never initialized CUDA, use the GPU).
 """
 
 from __future__ import annotations
@@ -44,6 +43,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.plan.cells import Cell
+from harness.process.cpus import unpin
 from harness.process.crashlog import exit_message, last_what
 from harness.process.tree import die_with_parent
 from harness.protocol import SETUP_PHASES, CellKeys, LaunchPlan, read_phase
@@ -241,6 +241,7 @@ def _serve(plan: LaunchPlan, scenarios: dict, baseline: TorchAttributes, channel
     code = 0
     try:
         die_with_parent()
+        unpin()
         faulthandler.disable()  # the worker reports a cell process's death; the launch is not over
         start = CellState.take()  # as every process it forks starts: taken once, not per cell
         while True:
