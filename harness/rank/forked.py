@@ -9,12 +9,11 @@ worker judges. The judge's reference runs in a process of its own, the *referee*
 kept from one reference to the next, fresh after any it had to put something back for), so it never runs
 under the patch set it judges.
 
-Both are forked from a *zygote*: a copy of the worker made at its start, after
-the imports and before any cell ran. Forking the worker itself after a cell would not do:
-once FSDP2 has run a backward, CUDA builds of torch (2.11 and later, measured; the CPU wheel
-is spared) refuse autograd in a forked child ("Unable to handle autograd's threading in
-combination with fork-based multiprocessing"), and the worker's own threads (watchdog, gloo,
-store) would be copied without their state. The zygote has neither.
+Both are forked from a *zygote*: a copy of the worker made at its start, after the imports and before any
+cell ran. Forking the worker itself after a cell would not do: once FSDP2 has run a backward, CUDA builds
+of torch (2.11 and later, measured; the CPU wheel is spared) refuse autograd in a forked child ("Unable to
+handle autograd's threading in combination with fork-based multiprocessing"), and the worker's own
+threads (watchdog, gloo, store) would be copied without their state. The zygote has neither.
 
 The worker asks its zygote for a process over a socket; the zygote forks it, answers with its pid, waits
 for it and answers with its wait status (a referee it does not wait for: the referee's pipes travel with
