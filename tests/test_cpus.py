@@ -54,20 +54,20 @@ print(core, sorted(os.sched_getaffinity(0)), [sorted(s) for s in seen])
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
                     reason="needs affinity control and two cores")
-def test_unpin_gives_back_the_cores_a_process_had_before_it_was_pinned():
+def test_unpin_gives_back_the_cores_a_process_had_before_it_was_pinned_and_repin_pins_again():
     two = sorted(os.sched_getaffinity(0))[:2]
     code = f"""
 import os
 os.sched_setaffinity(0, {set(two)!r})
-from harness.process.cpus import pin_rank, unpin
-first = unpin()  # not pinned yet: nothing to give back
+from harness.process.cpus import pin_rank, repin, unpin
+first = unpin() or repin()  # not pinned yet: nothing to give back or pin again
 core = pin_rank(0, 4)
 pinned = sorted(os.sched_getaffinity(0))
-print(first, core, pinned, unpin(), sorted(os.sched_getaffinity(0)))
+print(first, core, pinned, unpin(), sorted(os.sched_getaffinity(0)), repin(), sorted(os.sched_getaffinity(0)))
 """
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["False", str(two[0]), f"[{two[0]}]", "True", *f"{two}".split()]
+    assert out.stdout.split() == ["False", str(two[0]), f"[{two[0]}]", "True", *f"{two}".split(), "True", f"[{two[0]}]"]
 
 
 def test_the_kernel_sets_a_cpu_can_run_come_from_its_flags():

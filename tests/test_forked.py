@@ -265,7 +265,7 @@ def test_without_its_zygote_the_worker_runs_the_cell_itself(zygote):
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
                     reason="needs affinity control and two cores")
-def test_the_zygote_runs_on_the_cores_its_worker_had_before_it_was_pinned(tmp_path, monkeypatch):
+def test_the_zygote_runs_on_the_cores_its_worker_had_before_it_was_pinned_what_it_forks_on_the_ranks(tmp_path, monkeypatch):
     from harness.process import cpus
 
     cores = sorted(os.sched_getaffinity(0))
@@ -273,8 +273,16 @@ def test_the_zygote_runs_on_the_cores_its_worker_had_before_it_was_pinned(tmp_pa
                       patches_module_id="m", out_path=str(tmp_path / "out.jsonl"), folder=str(tmp_path / "launch"),
                       cells=[_cell(1)])
     plan.dump()
-    monkeypatch.setattr(cpus, "_BEFORE", cores)  # as ``pin_rank`` leaves it
-    os.sched_setaffinity(0, cores[:1])
+    seen = tmp_path / "seen"
+
+    def cell_sees(*_, **__):
+        seen.write_text(str(sorted(os.sched_getaffinity(0))))
+        os._exit(0)
+
+    monkeypatch.setattr(forked, "_cell_process", cell_sees)
+    monkeypatch.setattr(cpus, "_BEFORE", cores)  # as ``pin_rank`` leaves them
+    monkeypatch.setattr(cpus, "_CORE", cores[1:2])
+    os.sched_setaffinity(0, cores[1:2])
     try:
         z = Zygote.start(plan, {}, TorchAttributes())
     finally:
@@ -284,6 +292,9 @@ def test_the_zygote_runs_on_the_cores_its_worker_had_before_it_was_pinned(tmp_pa
         while sorted(psutil.Process(z.pid).cpu_affinity()) != cores and time.time() < deadline:
             time.sleep(0.01)
         assert sorted(psutil.Process(z.pid).cpu_affinity()) == cores
+        pid = z.fork(dict(kind="cell", index=1, slot_rank0=0, rank=0, t0=time.time()))
+        assert os.WIFEXITED(z.wait(pid, time.time() + 10))
+        assert seen.read_text() == str(cores[1:2])
     finally:
         z.close()
         _reap(z.pid)

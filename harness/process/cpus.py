@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["kernel_sets", "pin_rank", "rank_core", "unpin"]
+__all__ = ["kernel_sets", "pin_rank", "rank_core", "repin", "unpin"]
 
 #: ``ATEN_CPU_CAPABILITY`` values (the CPU kernel set torch dispatches to) and the cpuinfo flags each needs
 _KERNEL_SETS = (("default", ()), ("avx2", ("avx2",)), ("avx512", ("avx512f", "avx512bw", "avx512vl", "avx512dq")))
@@ -58,6 +58,7 @@ def pin_rank(local_rank: int, local_world: int) -> int | None:
     if core is None:
         return None
     _BEFORE[:] = sorted(before)
+    _CORE[:] = [core]
     try:
         threads = [int(t) for t in os.listdir("/proc/self/task")]
     except OSError:
@@ -70,8 +71,9 @@ def pin_rank(local_rank: int, local_world: int) -> int | None:
     return core
 
 
-#: the cores this process could run on before ``pin_rank`` (empty: not pinned)
+#: the cores this process could run on before ``pin_rank``, and the core it pinned to (empty: not pinned)
 _BEFORE: list[int] = []
+_CORE: list[int] = []
 
 
 def unpin() -> bool:
@@ -80,6 +82,17 @@ def unpin() -> bool:
         return False
     try:
         os.sched_setaffinity(0, _BEFORE)
+    except OSError:
+        return False
+    return True
+
+
+def repin() -> bool:
+    """Pin this process to the core ``pin_rank`` chose again (after ``unpin``); False: it was not pinned."""
+    if not _CORE:
+        return False
+    try:
+        os.sched_setaffinity(0, _CORE)
     except OSError:
         return False
     return True

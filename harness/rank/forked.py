@@ -20,10 +20,10 @@ for it and answers with its wait status (a referee it does not wait for: the ref
 the request, and the worker asks the zygote to reap it once it has ended). The worker waits at most the
 cell's deadline (plus grace), then kills it. When the cell's process died of a signal, the worker posts
 that as the rank's outcome, so the slot's judge records a crash naming the rank. The launch goes on either
-way. Zygote, cell and referee processes die with their parent (``harness.process.tree.die_with_parent``)
-and run on every core the worker had before it was pinned (``harness.process.cpus.unpin``). CUDA cannot
-be used across ``fork``: cuda cells run in the workers themselves (their referees, forked from a zygote
-that never initialized CUDA, use the GPU).
+way. Zygote, cell and referee processes die with their parent (``harness.process.tree.die_with_parent``).
+The zygote runs on every core the worker had before it was pinned, what it forks on the rank's core again
+(``harness.process.cpus``). CUDA cannot be used across ``fork``: cuda cells run in the workers themselves
+(their referees, forked from a zygote that never initialized CUDA, use the GPU).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.plan.cells import Cell
-from harness.process.cpus import unpin
+from harness.process.cpus import repin, unpin
 from harness.process.crashlog import exit_message, last_what
 from harness.process.tree import die_with_parent
 from harness.protocol import SETUP_PHASES, CellKeys, LaunchPlan, read_phase
@@ -235,8 +235,7 @@ def _note_hung_install(run, cell: Cell, keys: CellKeys, rank: int) -> None:
 
 # -- the zygote's side -------------------------------------------------------------------
 def _serve(plan: LaunchPlan, scenarios: dict, baseline: TorchAttributes, channel: socket.socket, replies: int) -> None:
-    """The zygote: fork a process per request (a cell's: report its pid and wait status; a
-    referee: report its pid; reap a referee when asked)."""
+    """The zygote: fork a process per request (a cell's: report its pid and wait status; a referee: its pid); reap."""
     code = 0
     try:
         die_with_parent()
@@ -258,6 +257,7 @@ def _serve(plan: LaunchPlan, scenarios: dict, baseline: TorchAttributes, channel
                 continue
             pid = os.fork()
             if pid == 0:
+                repin()  # a cell's or referee's process runs on its rank's core, as the worker does
                 os.close(replies)
                 channel.close()
                 if kind == "referee":
