@@ -7,15 +7,16 @@ Ranks are spread so that the first rank of every slot (``harness.plan.placement`
 judges its cells, lands on a different core from the next slot's: with two cores, ranks
 0, 1, 2, 3 go to cores 0, 1, 1, 0. With no more ranks than cores nothing is pinned.
 
-Only the worker is pinned: its zygote (``harness.rank.forked``), and so the forked cells and
-the referee, run on the cores the worker had before (``unpin``). Pinned too, with the ranks
-forked from one warm server (``harness.launch.forkserver``), a zygote reaping a crashed cell's
-process spent seconds in the kernel (``wait4`` -> ``release_task`` -> ``proc_flush_pid`` ->
-``d_invalidate`` -> ``shrink_dcache_parent``, sampled from ``/proc/<pid>/stack``; 0.8-13 s of
-system time per zygote where unpinned it spends 0.1 s) and now and then past the next cell's
-deadline: 4 of 14 warm runs of the 2.13 suite had cells not as expected, 0 of 3 unpinned
-(2026-12-06, Linux 6.18). Cold starts never showed it; which lock the pinned processes
-queue on is not known.
+The worker's zygote (``harness.rank.forked``) runs on the cores the worker had before it was
+pinned (``unpin``); the cells' and referees' processes it forks are pinned to the rank's core
+again (``repin``). Pinned too, with the ranks forked from one warm server
+(``harness.launch.forkserver``), a zygote reaping a crashed cell's process spent seconds in
+the kernel (``wait4`` -> ``release_task`` -> ``proc_flush_pid`` -> ``d_invalidate`` ->
+``shrink_dcache_parent``, sampled from ``/proc/<pid>/stack``; 0.8-13 s of system time per
+zygote where unpinned it spends 0.1 s) and now and then past the next cell's deadline: 4 of
+14 warm runs of the 2.13 suite had cells not as expected; with the zygote unpinned 0 of 3, and
+0 of 3 again with its children pinned (2026-12-06, Linux 6.18). Cold starts never showed it;
+which lock the pinned reaper queues on is not known.
 """
 
 from __future__ import annotations
