@@ -31,13 +31,23 @@ def test_every_core_gets_its_share(world, n):
     assert max(counts.values()) - min(counts.values()) <= 1
 
 
-@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
-                    reason="needs affinity control and two cores")
-def test_pinning_reaches_threads_started_before_and_after():
+TWO_CORES = pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                               reason="needs affinity control and two cores")
+
+
+def _on_two_cores(code: str) -> tuple[list[int], str]:
+    """The machine's first two cores, and what ``code`` printed, run in a fresh process restricted to them."""
     two = sorted(os.sched_getaffinity(0))[:2]
-    code = f"""
-import os, threading
-os.sched_setaffinity(0, {set(two)!r})
+    out = subprocess.run([sys.executable, "-c", f"import os\nos.sched_setaffinity(0, {set(two)!r})\n{code}"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return two, out.stdout
+
+
+@TWO_CORES
+def test_pinning_reaches_threads_started_before_and_after():
+    two, out = _on_two_cores("""
+import threading
 seen = []
 before = threading.Thread(target=lambda: (threading.Event().wait(0.5), seen.append(os.sched_getaffinity(0))))
 before.start()
@@ -46,28 +56,20 @@ core = pin_rank(1, 4)
 after = threading.Thread(target=lambda: seen.append(os.sched_getaffinity(0)))
 after.start(); after.join(); before.join()
 print(core, sorted(os.sched_getaffinity(0)), [sorted(s) for s in seen])
-"""
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split(None, 1) == [str(two[1]), f"[{two[1]}] {[[two[1]], [two[1]]]}\n"]
+""")
+    assert out.split(None, 1) == [str(two[1]), f"[{two[1]}] {[[two[1]], [two[1]]]}\n"]
 
 
-@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
-                    reason="needs affinity control and two cores")
+@TWO_CORES
 def test_unpin_gives_back_the_cores_a_process_had_before_it_was_pinned_and_repin_pins_again():
-    two = sorted(os.sched_getaffinity(0))[:2]
-    code = f"""
-import os
-os.sched_setaffinity(0, {set(two)!r})
+    two, out = _on_two_cores("""
 from harness.process.cpus import pin_rank, repin, unpin
 first = unpin() or repin()  # not pinned yet: nothing to give back or pin again
 core = pin_rank(0, 4)
 pinned = sorted(os.sched_getaffinity(0))
 print(first, core, pinned, unpin(), sorted(os.sched_getaffinity(0)), repin(), sorted(os.sched_getaffinity(0)))
-"""
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["False", str(two[0]), f"[{two[0]}]", "True", *f"{two}".split(), "True", f"[{two[0]}]"]
+""")
+    assert out.split() == ["False", str(two[0]), f"[{two[0]}]", "True", *f"{two}".split(), "True", f"[{two[0]}]"]
 
 
 def test_the_kernel_sets_a_cpu_can_run_come_from_its_flags():

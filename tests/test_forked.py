@@ -122,13 +122,19 @@ def _cell(index, timeout_s=30.0):
                 timeout_s=timeout_s, expected=("crash",))
 
 
+def _plan(tmp_path, cells):
+    """A launch plan of ``cells``, written to its folder."""
+    plan = LaunchPlan(run_id="r", launch_id="L", device="cpu", world_size=4, config=RunConfig(patches="m", patch_mapping={}),
+                      patches_module_id="m", out_path=str(tmp_path / "out.jsonl"), folder=str(tmp_path / "launch"),
+                      cells=cells)
+    plan.dump()
+    return plan
+
+
 @pytest.fixture
 def zygote(tmp_path, monkeypatch):
     """A zygote (forked first, as the worker does) and a store the cells' processes reach."""
-    plan = LaunchPlan(run_id="r", launch_id="L", device="cpu", world_size=4, config=RunConfig(patches="m", patch_mapping={}),
-                      patches_module_id="m", out_path=str(tmp_path / "out.jsonl"), folder=str(tmp_path / "launch"),
-                      cells=[_cell(i) for i in BEHAVIOUR])
-    plan.dump()
+    plan = _plan(tmp_path, [_cell(i) for i in BEHAVIOUR])
     plan.log_file.write_text(f"terminate called after throwing an instance of 'gloo::EnforceNotMet'\n  what():  {WHAT}\n")
     monkeypatch.setattr(forked, "_cell_process", _fake_cell_process)
     monkeypatch.setattr(referee, "_judge_one", _fake_reference)
@@ -269,10 +275,7 @@ def test_the_zygote_runs_on_the_cores_its_worker_had_before_it_was_pinned_what_i
     from harness.process import cpus
 
     cores = sorted(os.sched_getaffinity(0))
-    plan = LaunchPlan(run_id="r", launch_id="L", device="cpu", world_size=4, config=RunConfig(patches="m", patch_mapping={}),
-                      patches_module_id="m", out_path=str(tmp_path / "out.jsonl"), folder=str(tmp_path / "launch"),
-                      cells=[_cell(1)])
-    plan.dump()
+    plan = _plan(tmp_path, [_cell(1)])
     seen = tmp_path / "seen"
 
     def cell_sees(*_, **__):

@@ -41,7 +41,7 @@ def test_ranks_start_forked_from_the_server_unless_cold(tmp_path, cold):
         assert server == [] and min(startup) > 0.3, startup
     else:  # forked after the server's import: the import is counted once, the server's
         assert len(server) == 1 and max(startup) < 0.1, startup
-        # and it does not warm up again (twice in one process line, its zygote hung now and then)
+        # and it does not warm up again: the server's imports and preload serve every rank
         assert all("preload" not in r for r in ranks), ranks
         totals = read_totals(server[0])
         assert totals["startup"][1] > 0.3 and totals["preload"][1] > 0

@@ -49,6 +49,11 @@ def rank_core(local_rank: int, local_world: int, cores: list[int]) -> int | None
     return cores[(local_rank + local_rank // n) % n]
 
 
+#: the cores this process could run on before ``pin_rank``, and the core it pinned to (empty: not pinned)
+_BEFORE: list[int] = []
+_CORE: list[int] = []
+
+
 def pin_rank(local_rank: int, local_world: int) -> int | None:
     """Pin every thread of this process (and what it starts later) to the rank's core; the
     core, or None where nothing was pinned (enough cores, or no affinity control here)."""
@@ -72,28 +77,22 @@ def pin_rank(local_rank: int, local_world: int) -> int | None:
     return core
 
 
-#: the cores this process could run on before ``pin_rank``, and the core it pinned to (empty: not pinned)
-_BEFORE: list[int] = []
-_CORE: list[int] = []
-
-
 def unpin() -> bool:
     """Let this process run on the cores it had before ``pin_rank`` again; False: it was not pinned."""
-    if not _BEFORE:
-        return False
-    try:
-        os.sched_setaffinity(0, _BEFORE)
-    except OSError:
-        return False
-    return True
+    return _run_on(_BEFORE)
 
 
 def repin() -> bool:
     """Pin this process to the core ``pin_rank`` chose again (after ``unpin``); False: it was not pinned."""
-    if not _CORE:
+    return _run_on(_CORE)
+
+
+def _run_on(cores: list[int]) -> bool:
+    """This thread on ``cores`` (a zygote and what it forks have no other); False: none given, or refused."""
+    if not cores:
         return False
     try:
-        os.sched_setaffinity(0, _CORE)
+        os.sched_setaffinity(0, cores)
     except OSError:
         return False
     return True
