@@ -1,9 +1,12 @@
 """harness.rank.deadlock: a hang found before the deadline only where it is certain."""
 
+import gc
 import json
 import subprocess
 import sys
 import textwrap
+import threading
+import types
 
 import pytest
 
@@ -14,6 +17,26 @@ from tests.support import ROOT
 def _slot(tmp_path, n_peers=2):
     peers = [(tmp_path / f"r{r}.done", tmp_path / f"r{r}.quiet") for r in range(1, n_peers + 1)]
     return deadlock.Slot(cell=7, own=tmp_path / "r0.quiet", peers=peers), peers
+
+
+def test_a_look_leaves_nothing_for_the_collector():
+    """sys._current_frames() holds the looking frame itself. Kept in a local past the return, the
+    dict and that frame formed a cycle with the main thread's frames: collected, it cleared a
+    DTensor still held as a param's grad on torch 2.7-2.9 ('DTensor' object has no attribute '_spec')."""
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        looked = threading.Thread(target=deadlock._look, args=(threading.get_ident(), None))
+        looked.start()
+        looked.join()
+        deadlock._look(threading.get_ident(), None)  # from the main thread too
+        gc.collect()
+        looking = (deadlock._look.__code__, deadlock._innermost.__code__)
+        left = [o for o in gc.garbage if isinstance(o, types.FrameType) and o.f_code in looking]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+    assert left == []
 
 
 def test_certain_only_when_this_rank_and_every_peer_have_been_quiet_long_enough(tmp_path, monkeypatch):

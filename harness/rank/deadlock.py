@@ -97,12 +97,11 @@ class Slot:
 
 def _look(main_tid: int | None, watchdog_tid: int | None) -> tuple | None:
     """(main frame, its line, the process's CPU ticks) when quiet; None when not."""
-    frames = sys._current_frames()
-    frame = frames.get(main_tid)
+    innermost, others = _innermost(main_tid)
     # the innermost Python frame itself: a patch sleeping inside a torch.distributed call is not quiet
-    if frame is None or f"{os.sep}torch{os.sep}distributed{os.sep}" not in frame.f_code.co_filename:
+    if innermost is None or f"{os.sep}torch{os.sep}distributed{os.sep}" not in innermost[2]:
         return None
-    if any(t not in (main_tid, threading.get_ident()) for t in frames):
+    if others:
         return None  # a Python thread of the rank's own may still act (a timer, a retry)
     ticks = 0
     try:
@@ -115,7 +114,21 @@ def _look(main_tid: int | None, watchdog_tid: int | None) -> tuple | None:
             ticks += int(fields[11]) + int(fields[12])
     except (OSError, IndexError, ValueError):
         return None  # a thread ended between listing and reading it, or no /proc: not quiet
-    return id(frame), frame.f_lineno, ticks
+    return innermost[0], innermost[1], ticks
+
+
+def _innermost(main_tid: int | None) -> tuple[tuple[int, int, str] | None, bool]:
+    """(id, line, file) of thread ``main_tid``'s innermost Python frame, and whether a Python
+    thread other than it and this one runs. No frame outlives the call: the dict holds this
+    very frame, whose locals hold the dict; kept past the return, that cycle drags the main
+    thread's frames, and the tensors in their locals, into the collector's garbage, where
+    torch 2.7-2.9 clear a DTensor that is still a param's grad (its ``_spec`` gone)."""
+    frames = sys._current_frames()
+    frame = frames.get(main_tid)
+    others = any(t not in (main_tid, threading.get_ident()) for t in frames)
+    innermost = None if frame is None else (id(frame), frame.f_lineno, frame.f_code.co_filename)
+    del frames, frame
+    return innermost, others
 
 
 def _quiet_for(path: Path, cell: int, now: float) -> float:
