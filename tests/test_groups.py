@@ -1,6 +1,8 @@
 """harness.rank.groups: the default group is kept only between healthy cells that made no
 other group, and never across a change of patch set."""
 
+import os
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -22,6 +24,42 @@ def groups(tmp_path):
     n = iter(range(100))
     yield made, lambda: dist.FileStore(str(tmp_path / f"store{next(n)}"), 1)
     made.release()
+
+
+def _threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def test_a_destroyed_group_is_freed_by_the_next_release_and_never_by_a_forked_process(groups):
+    """Freeing a gloo group joins its worker threads, which may still be dropping a finished
+    collective's tensors: before torch 2.8 that needed the GIL the freeing thread held
+    (2.7.1 deadlocked in destroy_process_group now and then). So a release frees the groups
+    the release before it destroyed, and a forked process never frees its parent's."""
+    from harness.rank import groups as module
+
+    g, store = groups
+    g.release()  # whatever an earlier test left: freed
+    g.release()
+    before = _threads()
+    g.open(CELL, slot_rank0=0, rank=0, store=store())
+    dist.all_reduce(__import__("torch").ones(1))
+    opened = _threads()
+    assert opened > before
+    g.release()
+    assert not dist.is_initialized() and _threads() == opened  # destroyed, not yet freed
+    pid = os.fork()
+    if pid == 0:  # the child has none of the group's threads: freeing it here would join threads not here
+        module.release(failed=False)
+        os._exit(0 if module._INHERITED and module._DESTROYED == (os.getpid(), []) else 3)
+    deadline = time.time() + 20
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.time() < deadline:
+        time.sleep(0.05)
+    if done[0] == 0:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+    assert done[0] == pid and os.waitstatus_to_exitcode(done[1]) == 0
+    g.release()
+    assert _threads() <= before  # freed by the next release: its threads are gone
 
 
 def test_a_healthy_cell_leaves_the_default_group_to_the_next(groups):

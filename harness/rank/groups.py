@@ -13,17 +13,26 @@ unmatched collective into the next cell. Otherwise every rank destroys it: a ran
 failed at once (aborting it first), the others when the judge says so
 (``CellKeys.keep_group``). A cell that runs forked, a change of patch set (its undo puts
 torch.distributed's module state back as it was) and the end of a stage release it too.
+
+A destroyed group is freed one release later, not at once. Freeing a gloo group joins its
+worker threads; a thread that is just dropping a finished collective whose tensor has a
+Python object needs the GIL for that, and before torch 2.8 (pytorch/pytorch#154976) the
+joining thread held it: torch 2.7.1 deadlocked so in ``destroy_process_group`` now and then
+(``~ProcessGroupGloo`` against ``~AsyncAllgatherCoalescedWork`` waiting for the GIL, after
+a cell's DTensor ``full_tensor``; before, ``~AsyncGatherWork`` after the harness's own
+gather). A cell later no collective of those groups is in flight. A forked process never
+frees the groups it inherited: their threads live in its parent.
 """
 
 from __future__ import annotations
 
 import datetime
+import os
 from dataclasses import dataclass, field
 
 import torch.distributed as dist
 
 from harness.plan.cells import Cell
-from harness.train.gather import release_held
 
 __all__ = ["CellGroups", "ProbeCache", "keep_group", "release"]
 
@@ -118,10 +127,20 @@ class ProbeCache:
         self.pending.clear()
 
 
+#: (pid, groups) the last ``release`` destroyed, freed by the next one (the module docstring says why)
+_DESTROYED: tuple[int, list] = (0, [])
+#: groups a forked process inherited from its parent's last release: never freed here
+_INHERITED: list = []
+
+
 def release(*, failed: bool) -> None:
     """Destroy every group; after a failure abort them first (NCCL: frees communicators
-    stuck in a collective; gloo peers are released by socket shutdown)."""
+    stuck in a collective; gloo peers are released by socket shutdown). The groups the
+    previous release destroyed are freed now."""
+    global _DESTROYED
+    destroyed = []
     if dist.is_initialized():
+        destroyed = list(dist.distributed_c10d._world.pg_map)
         abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
         if failed and abort is not None:
             try:
@@ -130,7 +149,10 @@ def release(*, failed: bool) -> None:
                 pass
         if dist.is_initialized():
             dist.destroy_process_group()
-    release_held()  # only now: ``harness.train.gather`` says why
+    (pid, earlier), _DESTROYED = _DESTROYED, (os.getpid(), destroyed)
+    if pid != os.getpid():
+        _INHERITED.extend(earlier)
+    del earlier  # the last reference to the previous release's groups: freed here
 
 
 def keep_group(outcomes: list, missing: list[int]) -> bool:

@@ -15,14 +15,8 @@ fast path also compares the pieces several ranks hold of the same region (HSDP's
 they must be equal, and where they are not, the largest difference is reported
 (``diverged``) instead of one replica silently overwriting the other.
 
-Objects travel through ``_exchange``, not ``gather_object``: the tensors it hands to gloo
-stay referenced here (``HELD``) until the groups are destroyed (``release_held``, called by
-``harness.rank.groups.release``). gloo's worker thread drops a finished collective while
-holding its queue's lock; where that drops the last reference to a tensor Python made, it
-needs the GIL, and a main thread that destroys the group at that moment holds the GIL and
-waits for the lock: torch 2.7.1 deadlocked so in 1 cell in 10 of
-``r_dtensor_alias_slice`` at world size 4 (gdb: ``~ProcessGroupGloo`` against
-``~AsyncGatherWork`` in ``THPVariable_subclass_dealloc``, waiting for the GIL).
+Objects travel through ``_exchange`` (an all-gather of the pickled bytes' sizes, then of the
+padded bytes), which also serves ``to_all`` for every rank.
 """
 
 from __future__ import annotations
@@ -33,17 +27,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
-__all__ = ["HELD", "Deferred", "gather_full", "plain_placements", "release_held"]
+__all__ = ["Deferred", "gather_full", "plain_placements"]
 
 Full = dict[str, "torch.Tensor | None"]
-
-#: every tensor handed to a collective by ``_exchange`` since the groups were last destroyed
-HELD: list[torch.Tensor] = []
-
-
-def release_held() -> None:
-    """Once the groups those collectives ran on are destroyed (their worker threads joined)."""
-    HELD.clear()
 
 
 def _exchange(obj: Any, *, rank: int, world: int, to_all: bool) -> list[Any] | None:
@@ -67,7 +53,6 @@ def _exchange(obj: Any, *, rank: int, world: int, to_all: bool) -> list[Any] | N
         dist.all_gather(outs, padded)
     else:
         dist.gather(padded, outs if rank == 0 else None, dst=0)
-    HELD.extend([payload, size, *sizes, padded, *outs])
     if not to_all and rank != 0:
         return None
     return [pickle.loads(out[:int(n.item())].cpu().numpy().tobytes()) for out, n in zip(outs, sizes)]
