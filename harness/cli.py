@@ -145,14 +145,16 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from harness.launch.pipeline import run
+    from harness.launch.prestart import started
 
     config = from_namespace(args)
     progress = None if args.quiet else console.Progress()
     try:
-        with _interruptible():  # while cells run, the launcher handles the signals itself
+        with _interruptible(), started(config) as server:  # the server imports torch while this process plans
+            from harness.launch.pipeline import run
+
             result = run(config, on_start=None if args.quiet else partial(console.say_start, shuffle=args.shuffle),
-                         on_record=progress,
+                         on_record=progress, prestarted=server,
                          on_load_error=lambda e: print(f"error: {e} (the scenario is recorded as an error and "
                                                        f"skipped)", file=sys.stderr, flush=True),
                          on_warning=lambda w: print(f"warning: {w}", file=sys.stderr, flush=True))

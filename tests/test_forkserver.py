@@ -44,7 +44,43 @@ def test_ranks_start_forked_from_the_server_unless_cold(tmp_path, cold):
         # and it does not warm up again: the server's imports and preload serve every rank
         assert all("preload" not in r for r in ranks), ranks
         totals = read_totals(server[0])
-        assert totals["startup"][1] > 0.3 and totals["preload"][1] > 0
+        assert totals["startup"][1] > 0.3 and totals["preload"][1] > 0 and totals["scenarios"][1] > 0
+        # the server was started before the run planned, and handed this launch (harness.launch.prestart)
+        assert "(the server started before planning)" in next(logs.glob("*.log")).read_text()
+
+
+def _prestarted(tmp_path: Path):
+    from harness.launch.prestart import started
+    from harness.runconfig import RunConfig
+
+    return started(RunConfig(scenarios=["plain"], out=tmp_path / "r.jsonl"))
+
+
+def test_a_prestarted_server_no_launch_takes_ends_with_its_input(tmp_path):
+    with _prestarted(tmp_path) as server:
+        time.sleep(0.5)
+        assert server is not None and server.proc.poll() is None  # importing, or waiting for its launch
+        pid = server.proc.pid
+    assert server.proc.returncode == 0  # read the end of its input and exited: not killed
+    assert not Path(f"/proc/{pid}").exists()
+
+
+def test_a_prestarted_server_is_not_handed_a_launch_it_was_not_started_for(tmp_path):
+    with _prestarted(tmp_path) as server:
+        other = {**server.env, "PYTHONPATH": server.env["PYTHONPATH"] + os.pathsep + str(tmp_path)}
+        assert server.hand(tmp_path / "plan.json", [server.python, "-c", "pass"], tmp_path / "log", other) is None
+        assert server.hand(tmp_path / "plan.json", ["/another/python", "-c", "pass"], tmp_path / "log",
+                           server.env) is None
+        assert not server.used and server.proc.poll() is None
+    assert server.proc.returncode == 0
+
+
+def test_cold_starts_prestart_no_server(tmp_path):
+    from harness.launch.prestart import started
+    from harness.runconfig import RunConfig
+
+    with started(RunConfig(scenarios=["plain"], out=tmp_path / "r.jsonl", cold_start=True)) as server:
+        assert server is None
 
 
 def _listener(name: str) -> socket.socket:

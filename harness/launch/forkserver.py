@@ -2,34 +2,33 @@
 
 Started cold, every rank of a launch imports Python's and torch's modules, the harness, the
 modules a patch may touch and the scenarios' requirements (transformers) on its own: about
-3.5 s of CPU a rank, four times over on a 4-rank launch, before its first cell. Instead the
-launcher starts this module's *server* (``serve``), which starts torchrun at once and, while
-torchrun starts, imports all that once for every cell of the launch (``harness.rank.worker.
-warm_up``), then listens on a Unix socket. torchrun runs this module's *rank program* (``rank``:
-no torch, a few milliseconds) in place of the worker. The rank program hands the server its
-environment (``RANK``, ``MASTER_PORT``, ...), working folder, arguments and standard streams;
-the server forks the worker from its warm copy (``harness.rank.worker.main``) with exactly
-those. The rank program stays torchrun's process: it passes torchrun's SIGTERM, SIGINT and
-SIGHUP on to the worker and exits as the worker did (its exit code, or the signal that killed
-it), so torchrun, its error summary and the launcher see what a cold start shows. A worker dies
-with the server (``PR_SET_PDEATHSIG``) and is killed when its rank program dies (torchrun's
+3.5 s of CPU a rank, four times over on a 4-rank launch. Instead the launcher starts this
+module's *server* (``serve``), which starts torchrun at once and, meanwhile, imports all that
+once for every cell of the launch (``harness.rank.worker.warm_up``), then listens on a Unix
+socket; or the run started the server before it planned (``harness.launch.prestart``) and hands
+it the launch when it has one. torchrun runs this module's *rank program* (``rank``: no torch,
+a few milliseconds) in place of the worker. The rank program hands the server its environment
+(``RANK``, ``MASTER_PORT``, ...), working folder, arguments and standard streams; the server
+forks the worker from its warm copy (``harness.rank.worker.main``) with exactly those. The
+rank program stays torchrun's process: it passes torchrun's SIGTERM, SIGINT and SIGHUP on to
+the worker and exits as the worker did (its exit code, or the signal that killed it), so
+torchrun, its error summary and the launcher see what a cold start shows. A worker dies with
+the server (``PR_SET_PDEATHSIG``) and is killed when its rank program dies (torchrun's
 SIGKILL); the server ends when torchrun does, with its exit status.
 
-What differs from a cold start:
-
-* every rank has the server's hash seed (``PYTHONHASHSEED``), so the ranks iterate a set of
-  strings in the same order, where cold ranks may not: a patch whose collectives follow a
-  set's order agrees with itself here. ``--cold-start`` starts every rank on its own;
-* a rank has imported what any rank of the launch needs, not only its own cells' needs.
-
-Where the server cannot be reached, the rank program runs the worker itself (``exec``). CUDA
-launches and multi-node runs start cold. The server's own time per phase goes beside the
-ranks' (``<launch>.forkserver.phases``): the import is counted once, as it is paid.
+What differs from a cold start: every rank has the server's hash seed (``PYTHONHASHSEED``),
+so the ranks iterate a set of strings in the same order, where cold ranks may not (a patch
+whose collectives follow a set's order agrees with itself here; ``--cold-start`` starts every
+rank on its own); and a rank has imported what any rank of the launch needs, not only its
+own cells' needs. Where the server cannot be reached, the rank program runs the worker itself
+(``exec``). CUDA launches and multi-node runs start cold. The server's own time per phase goes
+beside the ranks' (``<launch>.forkserver.phases``): the import is counted once, as it is paid.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -45,15 +44,17 @@ _PASSED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _HEADER = struct.Struct("!Q")
 
 
-def command(plan, torchrun: list[str], worker_args: list[str]) -> list[str]:
-    """The launch's command: ``torchrun`` (its Python first) running the worker with ``worker_args``,
-    through a server for a single-node CPU launch (unless the run says ``--cold-start``), else as it is."""
-    if plan.config.cold_start or plan.device != "cpu" or plan.config.nnodes > 1 or not sys.platform.startswith("linux"):
+def command(plan, torchrun: list[str], worker_args: list[str], name: str | None = None) -> list[str]:
+    """The launch's command: ``torchrun`` (its Python first) running the worker with ``worker_args``, through a
+    server where ranks start warm; ``name``: a prestarted server's socket (the command is torchrun's, to hand it)."""
+    from harness.launch.prestart import warm
+
+    if not warm(plan.config, plan.device):
         return [*torchrun, "-m", "harness.rank.worker", *worker_args]
-    name = f"fsdp-compat-{plan.launch_id}-{os.getpid()}"
-    ranks = [*torchrun, "-m", "harness.launch.forkserver", "rank", "--socket", name, "--", *worker_args]
-    return [torchrun[0], "-m", "harness.launch.forkserver", "serve", "--socket", name, "--plan", worker_args[-1], "--",
-            *ranks]
+    sock = name or f"fsdp-compat-{plan.launch_id}-{os.getpid()}"
+    ranks = [*torchrun, "-m", "harness.launch.forkserver", "rank", "--socket", sock, "--", *worker_args]
+    serve = [torchrun[0], "-m", "harness.launch.forkserver", "serve", "--socket", sock, "--plan", worker_args[-1], "--"]
+    return ranks if name else [*serve, *ranks]
 
 
 # -- the rank program (torchrun's process; imports no torch) ---------------------------
@@ -132,7 +133,7 @@ def _die_with_parent() -> None:
 
 
 # -- the server -------------------------------------------------------------------------
-def serve(name: str, plan_path: str, torchrun: list[str]) -> None:
+def serve(name: str, plan_path: str | None, torchrun: list[str], scenario_dirs: list[str]) -> None:
     """Start ``torchrun``, warm up for the launch's cells, fork a worker per rank program that
     asks; exit as torchrun did."""
     import selectors
@@ -141,16 +142,21 @@ def serve(name: str, plan_path: str, torchrun: list[str]) -> None:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind("\0" + name)
     listener.listen(64)
-    run = subprocess.Popen(torchrun, preexec_fn=_die_with_parent)
+    run = None if plan_path is None else subprocess.Popen(torchrun, preexec_fn=_die_with_parent)
+    from harness.launch.prestart import await_launch
     from harness.protocol import LaunchPlan
     from harness.rank import worker
     from harness.rank.phases import CLOCK, process_age
 
     CLOCK.reset("scenarios")
     CLOCK.add("startup", *process_age())
+    loaded = None
+    if run is None:  # started before the launcher planned (``harness.launch.prestart``): the launch comes now
+        plan_path, torchrun, loaded = await_launch(scenario_dirs)
+        run = subprocess.Popen(torchrun, preexec_fn=_die_with_parent)
     try:
         plan = LaunchPlan.load(plan_path)
-        worker.warm_up(plan, plan.cells)
+        worker.warm_up(plan, plan.cells, loaded=loaded)
         CLOCK.write(Path(plan.folder) / f"{plan.launch_id}.forkserver.phases", launch=plan.launch_id)
     except Exception:  # the ranks start cold, and meet what failed here under their cells' deadlines
         import traceback
@@ -182,10 +188,8 @@ def serve(name: str, plan_path: str, torchrun: list[str]) -> None:
                 os.close(key.fd)
                 _, status = os.waitpid(pid, 0)
                 conn = workers.pop(pid)
-                try:
+                with contextlib.suppress(OSError):
                     conn.sendall(f"status {status}\n".encode())
-                except OSError:
-                    pass
                 conn.close()
             else:  # torchrun ended: so does the launch
                 code = run.wait()
@@ -272,10 +276,8 @@ def _become_worker(fds: list[int], request: dict) -> None:
 
 
 def _kill(pid: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -285,12 +287,13 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="harness.launch.forkserver")
     parser.add_argument("role", choices=("serve", "rank"))
     parser.add_argument("--socket", required=True, help="the server's (abstract) Unix socket name")
-    parser.add_argument("--plan", help="serve: the launch plan")
+    parser.add_argument("--plan", help="serve: the launch plan; none: it comes on standard input (prestart)")
+    parser.add_argument("--scenarios", action="append", default=[], help="serve, prestarted: a scenario folder")
     args = parser.parse_args(head)
     if args.role == "rank":
         rank(args.socket, rest)
     else:
-        serve(args.socket, args.plan, rest)
+        serve(args.socket, args.plan, rest, args.scenarios)
 
 
 if __name__ == "__main__":

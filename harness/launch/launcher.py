@@ -19,7 +19,6 @@ its cell is recorded as a crash naming the rank, the code and the phase.
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import time
 import uuid
@@ -31,6 +30,7 @@ from typing import Any
 from harness.launch import forkserver
 from harness.launch.follow import LaunchFollower
 from harness.launch.outpath import prepare_out
+from harness.launch.prestart import PROJECT_ROOT, Prestarted, launch_env, warm, worker_paths
 from harness.plan.cells import Cell
 from harness.plan.placement import group_into_launches, stages
 from harness.process import tree as procs
@@ -40,13 +40,9 @@ from harness.protocol import IDLE, LaunchPlan, phase_words, read_exit, read_phas
 from harness.results import record
 from harness.results.outcome import CellOutcome
 from harness.runconfig import RunConfig
-from harness.undertest.locations import import_root, worker_spec
 from harness.vocabulary import Failure
 
 __all__ = ["LaunchOptions", "RunResult", "run_cells"]
-
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
-
 
 @dataclass(kw_only=True)
 class LaunchOptions:
@@ -67,6 +63,8 @@ class LaunchOptions:
     #: folders the workers import from after the project's and the caller's ``PYTHONPATH``
     #: (``run_cells`` adds the one a dotted patches module was found under)
     python_path: list[str] = field(default_factory=list)
+    #: a server started before the run planned, for its first CPU launch (``harness.launch.prestart``)
+    prestarted: Prestarted | None = None
 
     def __post_init__(self) -> None:
         if self.log_dir is None:
@@ -96,12 +94,8 @@ def run_cells(cells: list[Cell], opts: LaunchOptions) -> RunResult:
     """Run every cell; every cell ends with a record, unless a signal stops the run.
     ``ValueError`` when the records file or the launch folder cannot be written."""
     prepare_out(opts.out_path, opts.log_dir)
-    # the workers run in the project's folder: a module named from the caller's folder is
-    # given to them by absolute path, or found through the folder it was found under
-    opts = replace(opts, config=opts.config.with_(patches=worker_spec(opts.config.patches, PROJECT_ROOT)))
-    root = import_root(opts.config.patches, known=[str(PROJECT_ROOT)])
-    if root is not None and str(root) not in opts.python_path:
-        opts.python_path = [*opts.python_path, str(root)]
+    config, python_path = worker_paths(opts.config, opts.python_path)  # the workers run in the project's folder
+    opts = replace(opts, config=config, python_path=python_path)
     result = RunResult()
     with procs.subreaper(), _stop_on_signals(result):
         for group in group_into_launches(cells, per=opts.config.per, isolate=opts.config.isolate):
@@ -270,9 +264,14 @@ def _start(plan: LaunchPlan, plan_path: Path, log_path: Path, opts: LaunchOption
     else:
         rdzv = ["--standalone"]
     torchrun = [opts.python, "-m", "torch.distributed.run", *rdzv, "--nproc-per-node", str(world // opts.config.nnodes)]
-    cmd = forkserver.command(plan, torchrun, ["--plan", str(plan_path.resolve())])
-    env = {"OMP_NUM_THREADS": "1", **os.environ, "PYTHONUNBUFFERED": "1"}
-    env["PYTHONPATH"] = os.pathsep.join([str(PROJECT_ROOT), *filter(None, [env.get("PYTHONPATH")]), *opts.python_path])
+    worker_args = ["--plan", str(plan_path.resolve())]
+    env = launch_env(opts.python_path)
+    if (early := opts.prestarted) is not None and warm(plan.config, plan.device):
+        log_path.write_text(f"$ (the server started before planning) {' '.join(torchrun)}\n")
+        proc = early.hand(plan_path.resolve(), forkserver.command(plan, torchrun, worker_args, early.name), log_path, env)
+        if proc is not None:
+            return proc
+    cmd = forkserver.command(plan, torchrun, worker_args)
     if plan.device == "cuda":  # NVML answers is_available(): a driver initialized before the zygote forks breaks its children
         env.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
         env["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_slice(visible_gpus(), *worker_slot(), world // opts.config.nnodes))

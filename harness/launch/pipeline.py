@@ -14,6 +14,7 @@ from pathlib import Path
 from harness.launch.incremental import reuse
 from harness.launch.launcher import LaunchOptions, RunResult, run_cells
 from harness.launch.outpath import prepare_out
+from harness.launch.prestart import Prestarted
 from harness.plan.cells import Cell, all_patch_names, plan_cells
 from harness.plan.inputs import CellInputs
 from harness.results.outcome import CellOutcome
@@ -81,16 +82,17 @@ def plan(config: RunConfig) -> Planned:
 def run(config: RunConfig, *, on_start: Callable[[int, Path], None] | None = None,
         on_record: Callable[[Record, int], None] | None = None,
         on_load_error: Callable[[LoadError], None] | None = None,
-        on_warning: Callable[[str], None] | None = None) -> RunResult:
+        on_warning: Callable[[str], None] | None = None, prestarted: Prestarted | None = None) -> RunResult:
     """Plan, validate and run every cell of ``config``: their records, in the order written,
     and what a signal left unrun. A scenario file that fails to load is recorded (and
-    reported through ``on_load_error``); the other scenarios run."""
+    reported through ``on_load_error``); the other scenarios run. ``prestarted``: a server
+    started before this process imported torch, for the first CPU launch (``harness.launch.prestart``)."""
     planned = plan(config)
     for warning in planned.warnings if on_warning else []:
         on_warning(warning)
     cells, broken = planned.cells, planned.broken
     total = len(cells) + len(broken)
-    opts = LaunchOptions(config=config, patches_module_id=planned.module_id,
+    opts = LaunchOptions(config=config, patches_module_id=planned.module_id, prestarted=prestarted,
                          on_record=(lambda rec: on_record(rec, total)) if on_record else None)
     prepare_out(opts.out_path, opts.log_dir)
     failed_loads = [_load_error_record(e, opts) for e in broken]

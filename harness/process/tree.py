@@ -102,13 +102,15 @@ def on_stop_signals(handler: Callable[[int, Any], None]) -> Iterator[None]:
             signal.signal(s, previous)
 
 
-def start(cmd: Sequence[str], *, env: dict[str, str], cwd: Path, log: Path) -> subprocess.Popen:
+def start(cmd: Sequence[str], *, env: dict[str, str], cwd: Path, log: Path, stdin: int | None = None
+          ) -> subprocess.Popen:
     """Start ``cmd`` in a session of its own, output to ``log``, dying with this process; the
-    orphans of its descendants are reparented to it (a subreaper), so ``tree`` finds them."""
+    orphans of its descendants are reparented to it (a subreaper), so ``tree`` finds them.
+    ``stdin``: as ``subprocess.Popen`` takes it (``PIPE``: a text pipe)."""
     out = open(log, "a")
     try:
-        return subprocess.Popen(list(cmd), stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd,
-                                start_new_session=True, preexec_fn=_launch_root)
+        return subprocess.Popen(list(cmd), stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd, stdin=stdin,
+                                text=stdin is not None, start_new_session=True, preexec_fn=_launch_root)
     finally:
         out.close()
 

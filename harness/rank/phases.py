@@ -97,6 +97,10 @@ class PhaseClock:
         finally:
             self.enter(previous)
 
+    def skip(self) -> None:
+        """Charge the time since the last switch to no phase (a wait that is no one's work)."""
+        self._wall, self._cpu = time.perf_counter(), time.process_time()
+
     def add(self, phase: str, wall: float, cpu: float) -> None:
         """Time spent before the clock started (``startup``)."""
         entry = self.totals.setdefault(phase, [0.0, 0.0])

@@ -92,10 +92,12 @@ def main(argv: list[str] | None = None) -> None:
     _exit(0, plan, rank)  # avoids the frequent abort at interpreter exit after destroy_process_group()
 
 
-def warm_up(plan: LaunchPlan, cells: list[Cell]) -> dict:
+def warm_up(plan: LaunchPlan, cells: list[Cell], loaded: tuple | None = None) -> dict:
     """Load the scenarios and import what ``cells`` need before their deadlines run; returns the
-    scenarios. A forkserver (``harness.launch.forkserver``) does it once for every cell of the launch."""
-    scenarios = load_scenarios(plan.config.scenario_dirs).scenarios
+    scenarios. A forkserver (``harness.launch.forkserver``) does it once for every cell of the launch;
+    ``loaded``: (folders, library) it loaded before the plan came, used where the folders match."""
+    same = loaded is not None and list(loaded[0]) == [str(d) for d in plan.config.scenario_dirs]
+    scenarios = (loaded[1] if same else load_scenarios(plan.config.scenario_dirs)).scenarios
     CLOCK.enter("preload")
     _preload(cells)
     _import_requirements(cells, scenarios)

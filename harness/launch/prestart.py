@@ -1,0 +1,148 @@
+"""A CPU launch's forkserver started before the launcher plans, so that its imports overlap the planning.
+
+The launcher itself imports torch, loads the scenarios and keys every cell's inputs before it
+knows what to launch (about 2.4 s on 2 cores); the forkserver (``harness.launch.forkserver``)
+then imports torch, the harness and the scenarios again before the first rank can fork (about
+2.4 s more). Started at the beginning of ``harness run`` with what it can know then (the
+interpreter, the environment, the scenario folders), the server does that part while the
+launcher plans, then waits on its standard input for one line: the launch plan, the torchrun
+command and the launch's log. The first single-node CPU launch hands it over (``hand``); a run
+that launches nothing on CPU, or whose launch environment came out different, closes it
+unused (``close``: end of input, it exits) and starts its launches as before. Until the line
+comes, the server's output goes nowhere: a server that failed to start is simply not used,
+and the launch's own server meets the same failure in the launch's log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.runconfig import RunConfig
+from harness.undertest.locations import import_root, worker_spec
+
+__all__ = ["PROJECT_ROOT", "Prestarted", "await_launch", "launch_env", "started", "warm", "worker_paths"]
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+def warm(config: RunConfig, device: str) -> bool:
+    """Whether a launch on ``device`` starts its ranks warm (``harness.launch.forkserver``): one
+    node, CPU, Linux, unless the run says ``--cold-start``."""
+    return not config.cold_start and device == "cpu" and config.nnodes == 1 and sys.platform.startswith("linux")
+
+
+def worker_paths(config: RunConfig, python_path: list[str]) -> tuple[RunConfig, list[str]]:
+    """``config`` with the patches module as the workers (run in the project's folder) import
+    it: by absolute path where the caller named it from its own folder, else as named; and
+    ``python_path`` with the folder a dotted module was found under."""
+    config = config.with_(patches=worker_spec(config.patches, PROJECT_ROOT))
+    root = import_root(config.patches, known=[str(PROJECT_ROOT)])
+    if root is not None and str(root) not in python_path:
+        python_path = [*python_path, str(root)]
+    return config, python_path
+
+
+def launch_env(python_path: list[str]) -> dict[str, str]:
+    """The environment a launch's processes start with (before any device's own settings)."""
+    env = {"OMP_NUM_THREADS": "1", **os.environ, "PYTHONUNBUFFERED": "1"}
+    env["PYTHONPATH"] = os.pathsep.join([str(PROJECT_ROOT), *filter(None, [env.get("PYTHONPATH")]), *python_path])
+    return env
+
+
+@dataclass(kw_only=True)
+class Prestarted:
+    """A server waiting for its launch."""
+
+    proc: subprocess.Popen
+    #: its socket's (abstract) name
+    name: str
+    python: str
+    env: dict[str, str]
+    scenario_dirs: list[str]
+    used: bool = False
+
+    def hand(self, plan_path: Path, torchrun: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen | None:
+        """Give the server its launch: it takes ``env`` and starts ``torchrun`` (the rank programs'
+        command, through this server's socket). None where it cannot serve this launch (used
+        already, gone, another interpreter, or a variable it started with changed since: only
+        ones added while the launcher planned may differ, set by loading the scenarios, which
+        the server did too): start one as before."""
+        changed = any(env.get(k) != v for k, v in self.env.items())
+        if self.used or self.proc.poll() is not None or changed or torchrun[0] != self.python:
+            return None
+        line = json.dumps({"plan": str(plan_path), "torchrun": torchrun, "log": str(log), "env": env})
+        try:
+            self.proc.stdin.write(line + "\n")
+            self.proc.stdin.close()
+        except OSError:
+            return None
+        self.used = True
+        return self.proc
+
+    def close(self) -> None:
+        """A server no launch took: end its input (it exits), and make sure it is gone."""
+        if self.used:
+            return
+        self.used = True
+        with contextlib.suppress(OSError):
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=5.0)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@contextlib.contextmanager
+def started(config: RunConfig, python: str = sys.executable, python_path: list[str] | None = None
+            ) -> Iterator[Prestarted | None]:
+    """A server for the run's first CPU launch, started now, closed at the end if unused;
+    None where the launch would start cold (``--cold-start``, several nodes, no CPU cell)."""
+    if "cpu" not in config.devices or not warm(config, "cpu"):
+        yield None
+        return
+    from harness.process import tree
+
+    _, paths = worker_paths(config, list(python_path or []))
+    env = launch_env(paths)
+    dirs = [str(Path(d).resolve()) for d in config.scenario_dirs]
+    name = f"fsdp-compat-early-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    cmd = [python, "-m", "harness.launch.forkserver", "serve", "--socket", name,
+           *(arg for d in dirs for arg in ("--scenarios", d)), "--"]
+    server = Prestarted(proc=tree.start(cmd, env=env, cwd=PROJECT_ROOT, log=Path(os.devnull), stdin=subprocess.PIPE),
+                        name=name, python=python, env=env, scenario_dirs=dirs)
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def await_launch(scenario_dirs: list[str]) -> tuple[str, list[str], tuple[list[str], object]]:
+    """In the server: load the scenarios, then wait for the launch. Returns the plan's path, the
+    torchrun command and the loaded scenarios (with their folders). No line (the launcher
+    closed it unused): exit."""
+    from harness.rank.phases import CLOCK
+    from harness.scenario.load import load_scenarios
+
+    with CLOCK.timed("scenarios"):
+        library = load_scenarios(scenario_dirs)
+    line = sys.stdin.readline()
+    if not line:
+        os._exit(0)
+    CLOCK.skip()  # waiting for the launcher's plan: no one's work
+    launch = json.loads(line)
+    os.environ.clear()
+    os.environ.update(launch["env"])  # torchrun and the ranks start with what a launch's server would give them
+    out = os.open(launch["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    for target in (1, 2):
+        os.dup2(out, target)
+    os.close(out)
+    return launch["plan"], launch["torchrun"], (scenario_dirs, library)
