@@ -239,9 +239,9 @@ def _serve(plan: LaunchPlan, scenarios: dict, baseline: TorchAttributes, channel
     code = 0
     try:
         die_with_parent()
-        unpin()
         faulthandler.disable()  # the worker reports a cell process's death; the launch is not over
-        start = CellState.take()  # as every process it forks starts: taken once, not per cell
+        start = CellState.take()  # once, not per cell; pinned as what it forks (2.14+: inter-op pool by cores)
+        unpin()
         while True:
             message, fds, _, _ = socket.recv_fds(channel, 1 << 20, 2)
             if not message:  # the worker is gone
