@@ -56,13 +56,15 @@ def _prestarted(tmp_path: Path):
     return started(RunConfig(scenarios=["plain"], out=tmp_path / "r.jsonl"))
 
 
-def test_a_prestarted_server_no_launch_takes_ends_with_its_input(tmp_path):
+def test_a_prestarted_server_no_launch_takes_ends_at_once_and_alone_at_the_end_of_its_input(tmp_path):
     with _prestarted(tmp_path) as server:
-        time.sleep(0.5)
+        time.sleep(0.2)
         assert server is not None and server.proc.poll() is None  # importing, or waiting for its launch
-        pid = server.proc.pid
-    assert server.proc.returncode == 0  # read the end of its input and exited: not killed
-    assert not Path(f"/proc/{pid}").exists()
+        pid, t0 = server.proc.pid, time.time()
+    assert time.time() - t0 < 1.0 and not Path(f"/proc/{pid}").exists()  # a run that failed planning is not held
+    with _prestarted(tmp_path) as server:  # a launcher gone without a word: the end of its input ends it
+        server.proc.stdin.close()
+        assert server.proc.wait(timeout=60) == 0
 
 
 def test_a_prestarted_server_is_not_handed_a_launch_it_was_not_started_for(tmp_path):
@@ -72,7 +74,6 @@ def test_a_prestarted_server_is_not_handed_a_launch_it_was_not_started_for(tmp_p
         assert server.hand(tmp_path / "plan.json", ["/another/python", "-c", "pass"], tmp_path / "log",
                            server.env) is None
         assert not server.used and server.proc.poll() is None
-    assert server.proc.returncode == 0
 
 
 def test_cold_starts_prestart_no_server(tmp_path):

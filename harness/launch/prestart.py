@@ -7,8 +7,9 @@ then imports torch, the harness and the scenarios again before the first rank ca
 interpreter, the environment, the scenario folders), the server does that part while the
 launcher plans, then waits on its standard input for one line: the launch plan, the torchrun
 command and the launch's log. The first single-node CPU launch hands it over (``hand``); a run
-that launches nothing on CPU, or whose launch environment came out different, closes it
-unused (``close``: end of input, it exits) and starts its launches as before. Until the line
+that launches nothing on CPU, or whose launch environment came out different, ends it unused
+(``close``) and starts its launches as before; a launcher gone without a word leaves it the end
+of its input (it exits) and its death signal. Until the line
 comes, the server's output goes nowhere: a server that failed to start is simply not used,
 and the launch's own server meets the same failure in the launch's log.
 """
@@ -88,23 +89,21 @@ class Prestarted:
         return self.proc
 
     def close(self) -> None:
-        """A server no launch took: end its input (it exits), and make sure it is gone."""
+        """A server no launch took: ended at once (it started nothing yet; waiting for it to
+        read the end of its input would hold a run that failed in planning for its imports)."""
         if self.used:
             return
         self.used = True
         with contextlib.suppress(OSError):
             self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout=5.0)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        self.proc.kill()
+        self.proc.wait()
 
 
 @contextlib.contextmanager
 def started(config: RunConfig, python: str = sys.executable, python_path: list[str] | None = None
             ) -> Iterator[Prestarted | None]:
-    """A server for the run's first CPU launch, started now, closed at the end if unused;
+    """A server for the run's first CPU launch, started now, ended at the end if unused;
     None where the launch would start cold (``--cold-start``, several nodes, no CPU cell)."""
     if "cpu" not in config.devices or not warm(config, "cpu"):
         yield None
