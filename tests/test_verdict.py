@@ -167,6 +167,14 @@ def test_patch_contributions(records, expected):
     assert _contrib(records) == expected
 
 
+def test_a_target_gone_names_the_file_from_its_package_on_not_the_machines_folders():
+    records = cell("error", "pass", "pass")
+    records["patched"].patch_install = {A: {"status": "not-applicable", "reason": (
+        "cannot import name 'f' from 'torch.x' (/work/a/.nox/v/lib/python3.11/site-packages/torch/x.py)")}}
+    status, why = patch_contributions(verdict_of(records), records)[A]
+    assert status == PS_RETIRE and why == "the patch found its target gone: cannot import name 'f' from 'torch.x' (torch/x.py)"
+
+
 def test_turning_an_error_into_a_hang_is_a_caveat():
     assert caveats(cell("error", "hang", "crash")) == (
         "patched turns vanilla's error into a hang", "deployed turns vanilla's error into a crash")

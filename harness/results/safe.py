@@ -9,7 +9,8 @@ and third-party patches modules, so no text of theirs may act as markup, script 
   CR: the OWASP rule) get a leading ``'``; so does a cell that starts with ``'``, which keeps the
   rule reversible. ``read_report_csv`` takes the ``'`` off again: ``harness diff`` reads the
   texts as they were.
-- Module names without the machine's paths (``module_label``).
+- Module names without the machine's paths (``module_label``), and a file an installed package
+  holds named from its package on (``portable``: an ImportError quotes the venv's path).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any
 import pandas as pd
 
 __all__ = ["CSV_TRIGGERS", "content_security_policy", "csv_cell", "csv_value", "md_text", "module_label",
-           "read_report_csv", "safe_id", "write_report_csv"]
+           "portable", "read_report_csv", "safe_id", "write_report_csv"]
 
 CSV_TRIGGERS: tuple[str, ...] = ("=", "+", "-", "@", "\t", "\r")
 _QUOTE = "'"
@@ -115,3 +116,14 @@ def module_label(module_id: str) -> str:
     """The patches module by name, version and content hash, without the folders it was in
     (records written before module ids dropped the path still carry it)."""
     return _DIRS.sub("", _PATH_IN_ID.sub(r"(\1)", module_id))
+
+
+#: the folders before an installed package: ".../lib/python3.11/site-packages/"
+_INSTALLED = re.compile(r"(?:[A-Za-z]:)?[\\/]?(?:[^\s'\"(),:\\/]+[\\/])*(?:site|dist)-packages[\\/]")
+
+
+def portable(text: str) -> str:
+    """``text`` with every path into an installed package named from the package on
+    (``/work/x/.nox/v/lib/python3.11/site-packages/torch/a.py`` -> ``torch/a.py``): the same on
+    every machine and checkout."""
+    return _INSTALLED.sub("", text)

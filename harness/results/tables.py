@@ -25,7 +25,7 @@ from harness.results.environment import ENV_FIELDS, environment_table
 from harness.results.ledger_changes import CellKey, Summary, ledger_summaries, version_changes
 from harness.results.reading import load_records
 from harness.results.record import Record, RecordError
-from harness.results.safe import module_label
+from harness.results.safe import module_label, portable
 from harness.results.sensitivity import blind_spots
 from harness.results.verdict import adjusted, combine_patch_statuses, patch_contributions, verdict_of
 from harness.versions import release_label, sorted_torch
@@ -93,7 +93,7 @@ def _first_line(text: str | None, limit: int = 200) -> str:
 def _exc_text(rec: Record | None) -> str:
     if rec is None:
         return ""
-    msg = _first_line(rec.exc_msg)
+    msg = _first_line(portable(rec.exc_msg or ""))
     if rec.exc_type and msg:
         return f"{rec.exc_type}: {msg}"
     return rec.exc_type or msg or (_first_line(rec.reason) if rec.status == "skip" else "")

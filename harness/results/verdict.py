@@ -28,6 +28,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from harness.results.record import Record
+from harness.results.safe import portable
 from harness.vocabulary import (
     BACKPORT,
     DEPLOYED_BROKEN,
@@ -271,7 +272,7 @@ def patch_contributions(cell: CellVerdict, records: Records) -> dict[str, tuple[
             continue
         install = (patched.patch_install.get(name) or {}).get("status")
         if install == "not-applicable" and cell.verdict != PATCH_BROKEN:
-            out[name] = (PS_RETIRE, f"the patch found its target gone: {patched.patch_install[name].get('reason', '')}")
+            out[name] = (PS_RETIRE, f"the patch found its target gone: {portable(patched.patch_install[name].get('reason', ''))}")
         elif (status := _status_from_cell(cell.verdict, name, fixed, api)) is not None:
             out[name] = (status, cell.rule.meaning)
     return out
