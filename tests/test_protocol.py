@@ -128,6 +128,36 @@ def test_a_torn_last_progress_line_waits_for_its_end(tmp_path):
     assert follower.ranks == {3: [0, 1], 5: [2, 3]}
 
 
+def test_a_launch_is_finished_once_every_cell_is_recorded_and_every_rank_wrote_its_times_after(tmp_path):
+    """What is left then is the processes' exit and torchrun's teardown, which the launcher
+    does not wait for (about a second of every launch)."""
+    import os
+
+    from tests.support import make_record
+
+    progress, out = tmp_path / "L.progress", tmp_path / "out.jsonl"
+    out.write_text("")
+    progress.write_text("")
+    times = [tmp_path / "L.rank0.phases", tmp_path / "L.rank1.phases"]
+    follower = LaunchFollower(progress_path=progress, out_path=out, launch_id="L")
+    times[0].write_text("{}")  # a stage's end before the last cell
+    with open(out, "a") as f:
+        f.write(make_record(launch_id="L", cell=0).to_json() + "\n")
+    follower.new_records()
+    assert not follower.finished({0, 1}, times)  # cell 1 not recorded
+    with open(out, "a") as f:
+        f.write(make_record(launch_id="L", cell=1).to_json() + "\n")
+    follower.new_records()
+    behind, ahead = out.stat().st_mtime_ns - 10**9, out.stat().st_mtime_ns + 10**9
+    os.utime(times[0], ns=(behind, behind))
+    assert not follower.finished({0, 1}, times)  # rank 1 has not written its times
+    times[1].write_text("{}")
+    os.utime(times[1], ns=(ahead, ahead))
+    assert not follower.finished({0, 1}, times)  # rank 0's are from before the last record
+    os.utime(times[0], ns=(ahead, ahead))
+    assert follower.finished({0, 1}, times)
+
+
 # --------------------------------------------------------------------------- phases
 
 

@@ -51,6 +51,19 @@ class LaunchFollower:
         return out
 
 
+    def finished(self, cells: set[int], phase_files: list[Path]) -> bool:
+        """Every cell of the launch recorded, and every rank's phase times written since the last
+        of them (at its last stage's end, a worker's last act before it exits): what is left of
+        the launch is its processes' exit and torchrun's teardown, about a second nothing needs."""
+        if not cells <= self.recorded:
+            return False
+        try:
+            last = self.out_path.stat().st_mtime_ns
+            return all(p.stat().st_mtime_ns >= last for p in phase_files)
+        except OSError:  # a rank's file not written yet
+            return False
+
+
 def _complete_lines(path: Path, offset: int) -> tuple[list[str], int]:
     """The whole lines appended to ``path`` since byte ``offset`` (a line still being
     written waits for the next call), and the offset after them."""
