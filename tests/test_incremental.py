@@ -7,9 +7,9 @@ import sys
 from pathlib import Path
 
 from bench.incremental import insert_first
-from harness.launch.incremental import reusable_records
 from harness.plan.inputs import PROJECT_ROOT, import_closure
 from harness.results.reading import load_records
+from harness.results.reusable import carry_over, reusable_records
 from tests.support import make_record
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -109,6 +109,37 @@ def test_a_record_not_as_expected_or_of_a_hang_is_never_reused(tmp_path):
             make_record(scenario="d", inputs="k4", status="mismatch", as_expected=False)]
     out.write_text("".join(r.to_json() + "\n" for r in rows))
     assert set(reusable_records(out)) == {"k1"}
+
+
+def test_what_a_replaced_records_file_carries_over_is_the_newest_reusable_of_it_and_the_last_carry(tmp_path):
+    out = tmp_path / "torch-2.13.0.jsonl"
+    previous = tmp_path / "torch-2.13.0.jsonl.previous"
+    older = [make_record(scenario="a", inputs="k1", status="pass", as_expected=True),
+             make_record(scenario="b", inputs="k2", status="pass", as_expected=True)]
+    previous.write_text("".join(r.to_json() + "\n" for r in older))
+    newer = [make_record(scenario="b", inputs="k2", status="mismatch", as_expected=False),  # k2 failed since
+             make_record(scenario="c", inputs="k3", status="pass", as_expected=True),
+             make_record(scenario="d", inputs="k4", status="hang", expected=("hang",), as_expected=True)]
+    out.write_text("".join(r.to_json() + "\n" for r in newer))
+    assert carry_over(out) == previous and set(reusable_records(previous)) == {"k1", "k3"}
+    assert [p.name for p in tmp_path.glob("*.jsonl")] == [out.name]  # the report's search finds only the records
+    out.write_text(newer[0].to_json() + "\n")
+    previous.unlink()
+    assert carry_over(out) is None and not previous.exists()  # nothing reusable: no file
+
+
+def test_a_rerun_reuses_the_records_of_the_file_it_replaces(tmp_path):
+    """``nox -s matrix`` replaces a version's records file; what it held is carried over and reused."""
+    scenarios, out = tmp_path / "scenarios", tmp_path / "torch.jsonl"
+    scenarios.mkdir()
+    shutil.copy(ROOT / "scenarios" / "pure_bf16.py", scenarios / "my_pure_bf16.py")
+    first = _run(out, ROOT / "fsdp_patches", scenarios)
+    previous = carry_over(out)
+    out.unlink()
+    again = _run(out, ROOT / "fsdp_patches", scenarios, "--reuse-from", str(previous))
+    always = {(r.scenario, r.variant) for r in first if r.status in ("hang", "crash")}
+    assert _ran(first) == set(_verdicts(first)) and _ran(again) == always and len(always) < len(first)
+    assert _verdicts(again) == _verdicts(first)
 
 
 def test_the_module_key_sees_its_folder_but_not_its_probed_code(tmp_path):

@@ -71,12 +71,13 @@ def test_options_not_given_take_the_fields_defaults():
     assert cli.devices == ["cpu"] and cli.variants == ["vanilla", "patched", "deployed", "api"]
 
 
-def test_every_field_is_offered_on_the_command_line_and_the_plugin_offers_all_but_the_launch_layout():
+def test_every_field_is_offered_on_the_command_line_and_the_plugin_offers_all_but_the_launch_layout_and_reuse():
     names = {f for f, _ in options(CLI)}
     assert names == set(RunConfig.__dataclass_fields__)
     help_text = _parser()._subparsers._group_actions[0].choices["run"].format_help()  # noqa: SLF001
     assert all(opt.flag in help_text for _, opt in options(CLI))
-    assert names - {f for f, _ in options(PYTEST)} == {"per", "run_id", "nnodes", "node_rank", "rdzv_endpoint"}
+    assert names - {f for f, _ in options(PYTEST)} == {"per", "run_id", "nnodes", "node_rank", "rdzv_endpoint",
+                                                        "reuse_from"}
 
 
 @pytest.mark.parametrize("kw,message", [

@@ -182,6 +182,22 @@ def test_the_committed_matrix_runs_as_before(tmp_path, monkeypatch):
                              {"PYTHONPATH": str(ROOT), **bytecode_env(tmp_path / "venv" / ".fsdp-compat")})]
 
 
+def test_a_rerun_of_a_version_reuses_what_the_records_it_replaces_held(tmp_path, monkeypatch):
+    from tests.support import make_record
+
+    monkeypatch.setattr("harness.envs.packages.LOCAL_WHEELS", [])
+    matrix = load_matrix(ROOT / "matrix.yaml")
+    out = tmp_path / "runs" / "cpu" / "torch-2.12.1.jsonl"
+    out.parent.mkdir(parents=True)
+    out.write_text(make_record(inputs="k1", status="pass", as_expected=True).to_json() + "\n")
+    session = Recorder(tmp_path / "venv")
+    run_version(session, matrix, "2.12.1", "cpu", root=ROOT, runs=tmp_path / "runs")
+    (cmd, _), = session.runs
+    previous = out.with_name(out.name + ".previous")
+    assert not out.exists() and cmd[cmd.index("--reuse-from") + 1] == str(previous)
+    assert "k1" in previous.read_text()
+
+
 def test_bytecode_is_written_once_per_set_of_installs_by_one_process(tmp_path):
     """uv installs without bytecode; the session imports what a launch imports once, in one
     process, and notes for which installs, so a rerun with the same installs does not again."""

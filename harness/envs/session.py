@@ -21,6 +21,7 @@ from typing import Any
 from harness.envs.matrix import Matrix
 from harness.envs.packages import torch_install_args
 from harness.results.machine import TORCH_SOURCE_ENV
+from harness.results.reusable import carry_over
 
 __all__ = ["MATRIX_ENV", "bytecode_env", "gpu_visible", "harness_folder", "matrix_file", "matrix_installs", "prefetch_next",
            "records_folder", "run_version", "session_args", "without_config", "write_bytecode"]
@@ -188,6 +189,7 @@ def run_version(session: Any, matrix: Matrix, torch: str, device: str, *, root: 
     write_bytecode(session, own, " ".join([*torch_args, *hf, *extra]), root=root, scenario_dirs=matrix.scenarios_dirs)
     out = runs / device / f"torch-{torch}.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
+    previous = carry_over(out)  # what this rerun may reuse of the records it replaces
     for old in [out, *out.parent.glob(f"torch-{torch}-*.jsonl")]:
         old.unlink(missing_ok=True)  # a rerun replaces this cell's records (pytest-xdist writes one file per worker)
     env = {"PYTHONPATH": str(root), **bytecode_env(own)}
@@ -218,4 +220,6 @@ def run_version(session: Any, matrix: Matrix, torch: str, device: str, *, root: 
         args += ["--scenarios-dir", folder]
     if matrix.fresh:
         args.append("--fresh")
+    elif previous is not None:
+        args += ["--reuse-from", str(previous)]
     session.run("python", "-m", "harness", "run", *args, *rest, env=env)

@@ -18,31 +18,12 @@ import datetime
 from pathlib import Path
 
 from harness.plan.cells import Cell
-from harness.results.reading import load_records
-from harness.results.record import Record, RecordError, append
+from harness.results.record import Record, append
+from harness.results.reusable import reusable_records
 from harness.runconfig import RunConfig
 from harness.undertest.code_ran import CodeIndex
 
-__all__ = ["ALWAYS_RUN", "reusable_records", "reuse"]
-
-#: outcomes a rerun must confirm: never reused
-ALWAYS_RUN = frozenset({"hang", "crash"})
-
-
-def reusable_records(path: Path) -> dict[str, Record]:
-    """The newest as-expected record of each input key in the records file ``path``."""
-    if not path.is_file():
-        return {}
-    try:
-        found, _ = load_records([path])
-    except RecordError:
-        return {}
-    newest: dict[str, Record] = {}
-    for rec, _ in found:
-        if rec.inputs:
-            newest[rec.inputs] = rec  # file order: the last one wins, as expected or not
-    return {k: r for k, r in newest.items() if r.as_expected and r.status not in ALWAYS_RUN}
-
+__all__ = ["reuse"]
 
 def reuse(cells: list[Cell], config: RunConfig, out: Path,
           source: Path | None = None) -> tuple[list[Record], list[Cell]]:
@@ -50,7 +31,7 @@ def reuse(cells: list[Cell], config: RunConfig, out: Path,
     ``source``: the module under test's folder (or file)."""
     if config.fresh or config.shuffle is not None or config.dump is not None:
         return [], cells
-    known = reusable_records(out)
+    known = reusable_records(*config.reuse_from, out)
     code = CodeIndex(source) if source is not None else None
     reused: list[Record] = []
     to_run: list[Cell] = []
