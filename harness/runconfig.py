@@ -154,9 +154,9 @@ class RunConfig:
                           help="run every cell (default: a cell whose inputs are unchanged since an as-expected record "
                                "in the records file is answered by that record, marked reused_from)")
     #: records files to reuse from besides the records file itself (``harness.launch.incremental.carry_over``)
-    reuse_from: list[Path] = _option(factory=list, flag="--reuse-from", repeat=True, metavar="FILE", where=(CLI,),
-                                     convert=lambda given: [Path(p) for p in given],
-                                     help="also reuse records from FILE (nox -s matrix: the records this run replaces)")
+    reuse_from: list[str] = _option(factory=list, flag="--reuse-from", repeat=True, metavar="FILE", where=(CLI,),
+                                    convert=lambda given: [str(Path(p).resolve()) for p in given],
+                                    help="also reuse records from FILE (nox -s matrix: the records this run replaces)")
     #: "meta": every model built on the meta device (``harness.train.meta_build``)
     init: str = _option("full", flag="--init", choices=("full", "meta"),
                         help="meta: build every model on the meta device, shard, to_empty, reset_parameters (with "

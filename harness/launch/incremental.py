@@ -31,7 +31,7 @@ def reuse(cells: list[Cell], config: RunConfig, out: Path,
     ``source``: the module under test's folder (or file)."""
     if config.fresh or config.shuffle is not None or config.dump is not None:
         return [], cells
-    known = reusable_records(*config.reuse_from, out)
+    known = reusable_records(*map(Path, config.reuse_from), out)
     code = CodeIndex(source) if source is not None else None
     reused: list[Record] = []
     to_run: list[Cell] = []
