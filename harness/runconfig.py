@@ -153,7 +153,7 @@ class RunConfig:
     fresh: bool = _option(False, flag="--fresh", switch=True,
                           help="run every cell (default: a cell whose inputs are unchanged since an as-expected record "
                                "in the records file is answered by that record, marked reused_from)")
-    #: records files to reuse from besides the records file itself (``harness.launch.incremental.carry_over``)
+    #: records files to reuse from besides the records file itself (``harness.results.reusable.carry_over``)
     reuse_from: list[str] = _option(factory=list, flag="--reuse-from", repeat=True, metavar="FILE", where=(CLI,),
                                     convert=lambda given: [str(Path(p).resolve()) for p in given],
                                     help="also reuse records from FILE (nox -s matrix: the records this run replaces)")
