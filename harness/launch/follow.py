@@ -50,7 +50,6 @@ class LaunchFollower:
         self._read_progress()
         return out
 
-
     def finished(self, cells: set[int], phase_files: list[Path]) -> bool:
         """Every cell of the launch recorded, and every rank's phase times written since the last
         of them (at its last stage's end, a worker's last act before it exits): what is left of

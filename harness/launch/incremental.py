@@ -25,6 +25,7 @@ from harness.undertest.code_ran import CodeIndex
 
 __all__ = ["reuse"]
 
+
 def reuse(cells: list[Cell], config: RunConfig, out: Path,
           source: Path | None = None) -> tuple[list[Record], list[Cell]]:
     """The records reused for ``cells`` (already appended to ``out``), and the cells to run;

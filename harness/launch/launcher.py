@@ -227,12 +227,12 @@ def _follow(proc, plan: LaunchPlan, log_path: Path, watch: LaunchFollower, by_in
     t0 = last = sampled = time.time()
     sessions |= procs.sessions(proc.pid)
     idle_s = max(c.timeout_s for c in by_index.values()) + 60  # no cell open, nothing new: a stuck launch
-    phase_files = [plan.phase_times_file(r) for r in range(plan.world_size)]  # a worker's last write
+    cells, phase_files = set(by_index), [plan.phase_times_file(r) for r in range(plan.world_size)]
     while proc.poll() is None:
         for rec in watch.new_records():
             _accept(rec, result, opts)
             last = time.time()
-        if result.signal is not None or watch.finished(set(by_index), phase_files):
+        if result.signal is not None or watch.finished(cells, phase_files):
             return None, None  # finished: the processes' exit and torchrun's teardown are not waited for
         now = time.time()
         if now - sampled > 1.0:

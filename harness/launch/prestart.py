@@ -67,7 +67,6 @@ class Prestarted:
     name: str
     python: str
     env: dict[str, str]
-    scenario_dirs: list[str]
     used: bool = False
 
     def hand(self, plan_path: Path, torchrun: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen | None:
@@ -117,7 +116,7 @@ def started(config: RunConfig, python: str = sys.executable, python_path: list[s
     cmd = [python, "-m", "harness.launch.forkserver", "serve", "--socket", name,
            *(arg for d in dirs for arg in ("--scenarios", d)), "--"]
     server = Prestarted(proc=tree.start(cmd, env=env, cwd=PROJECT_ROOT, log=Path(os.devnull), stdin=subprocess.PIPE),
-                        name=name, python=python, env=env, scenario_dirs=dirs)
+                        name=name, python=python, env=env)
     try:
         yield server
     finally:

@@ -270,9 +270,9 @@ def patch_contributions(cell: CellVerdict, records: Records) -> dict[str, tuple[
     for name in patched.patches:
         if name in out:
             continue
-        install = (patched.patch_install.get(name) or {}).get("status")
-        if install == "not-applicable" and cell.verdict != PATCH_BROKEN:
-            out[name] = (PS_RETIRE, f"the patch found its target gone: {portable(patched.patch_install[name].get('reason', ''))}")
+        install = patched.patch_install.get(name) or {}
+        if install.get("status") == "not-applicable" and cell.verdict != PATCH_BROKEN:
+            out[name] = (PS_RETIRE, f"the patch found its target gone: {portable(install.get('reason', ''))}")
         elif (status := _status_from_cell(cell.verdict, name, fixed, api)) is not None:
             out[name] = (status, cell.rule.meaning)
     return out
