@@ -222,8 +222,9 @@ def harness_share(name: str, mean: dict[str, list[float]]) -> str:
     if total <= 0:
         return f"[{name}] the harness's own share of rank CPU: no phases recorded"
     own, lenient = total - work, total - work - gather
-    return (f"[{name}] the harness's own share of rank CPU: {own / total:.0%} ({own:.1f} of {total:.1f} s: all but "
-            f"{', '.join(CELL_WORK)}); {lenient / total:.0%} ({lenient:.1f} s) with gathering counted as cell work")
+    # seconds to 0.01: rounded to 0.1, a small suite's (5 s of CPU) figures no longer give back its percentage
+    return (f"[{name}] the harness's own share of rank CPU: {own / total:.0%} ({own:.2f} of {total:.2f} s: all but "
+            f"{', '.join(CELL_WORK)}); {lenient / total:.0%} ({lenient:.2f} s) with gathering counted as cell work")
 
 
 def part_f(folder: Path) -> None:
