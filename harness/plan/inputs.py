@@ -6,6 +6,9 @@ The key (``CellInputs.key``) covers, for every cell:
 * the torch build (version, git hash, CUDA), read from the installed files, not imported;
 * the device and backend, and the machine: CPU model, the CPU kernel set torch may dispatch
   to (its ISA flags, ``ATEN_CPU_CAPABILITY``), the GPU model where the cell is on CUDA;
+* the Python interpreter (version, ``-O``) and the environment variables a cell's outcome may
+  depend on (``ENV_PREFIXES``, ``ENV_NAMES``: torch's and its libraries' settings such as
+  ``TORCH_DISTRIBUTED_DEBUG``, and the harness's own switches such as ``FSDP_COMPAT_LEDGER=0``);
 * the harness's own code (every ``harness/**/*.py``);
 * every distribution installed in the environment (name and version: transformers, the
   ``install:`` entries of ``matrix.yaml``, ...);
@@ -28,6 +31,7 @@ import functools
 import hashlib
 import json
 import os
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +39,7 @@ from pathlib import Path
 from harness.plan.cells import Cell
 from harness.undertest.source import PatchSource, is_path
 
-__all__ = ["PROJECT_ROOT", "CellInputs", "import_closure"]
+__all__ = ["ENV_NAMES", "ENV_PREFIXES", "PROJECT_ROOT", "CellInputs", "import_closure"]
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
@@ -65,6 +69,23 @@ def _module_file(name: str, roots: Iterable[Path]) -> list[Path]:
     return []
 
 
+@functools.lru_cache(maxsize=4096)
+def _imports_in(text: str, filename: str) -> tuple[tuple[int, str, tuple[str, ...]], ...] | None:
+    """The import statements of a file's ``text``: (level, module, names) each; None where it does
+    not parse. A run keys hundreds of cells whose scenarios share helpers: each text is parsed once."""
+    try:
+        tree = ast.parse(text, filename=filename)
+    except SyntaxError:
+        return None
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(0, a.name, ()) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            found.append((node.level, node.module or "", tuple(a.name for a in node.names)))
+    return tuple(found)
+
+
 def import_closure(file: Path, roots: Iterable[Path], *, skip: Iterable[str] = ()) -> frozenset[Path]:
     """``file`` and every file under ``roots`` it imports, transitively (relative imports
     included); modules whose top-level name is in ``skip`` (hashed on their own) are left out."""
@@ -76,31 +97,41 @@ def import_closure(file: Path, roots: Iterable[Path], *, skip: Iterable[str] = (
         if current in seen or not current.is_file():
             continue
         seen.add(current)
-        try:
-            tree = ast.parse(current.read_text(), filename=str(current))
-        except SyntaxError:
+        imports = _imports_in(current.read_text(), str(current))
+        if imports is None:
             continue  # its bytes are in the key; the load reports the error
         package = current.parent
-        for node in ast.walk(tree):
-            names: list[str] = []
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                if node.level:
-                    base = package
-                    for _ in range(node.level - 1):
-                        base = base.parent
-                    stem = base.joinpath(*(node.module or "").split(".")) if node.module else base
-                    candidates = [stem.with_suffix(".py"), stem / "__init__.py",
-                                  *(stem / f"{a.name}.py" for a in node.names)]
-                    todo += [c.resolve() for c in candidates if c.is_file()]
-                    continue
-                module = node.module or ""
-                names = [module, *(f"{module}.{a.name}" for a in node.names)]
+        for level, module, imported in imports:
+            if level:
+                base = package
+                for _ in range(level - 1):
+                    base = base.parent
+                stem = base.joinpath(*module.split(".")) if module else base
+                candidates = [stem.with_suffix(".py"), stem / "__init__.py", *(stem / f"{a}.py" for a in imported)]
+                todo += [c.resolve() for c in candidates if c.is_file()]
+                continue
+            names = [module, *(f"{module}.{a}" for a in imported)] if imported else [module]
             for name in names:
                 if name.split(".")[0] not in skip:
                     todo += [f.resolve() for f in _module_file(name, [*roots, package])]
     return frozenset(seen)
+
+
+#: environment variables in a cell's key, by prefix: what torch, its communication and math
+#: libraries and transformers read (``TORCH_DISTRIBUTED_DEBUG``, ``NCCL_ALGO``, ``OMP_NUM_THREADS``, ...)
+ENV_PREFIXES = ("TORCH", "PYTORCH", "ATEN_", "NCCL_", "GLOO_", "CUDA_", "CUBLAS", "CUDNN", "NVIDIA_TF32", "OMP_", "MKL_",
+                "KMP_", "TRANSFORMERS_", "PYTHONHASHSEED", "PYTHONOPTIMIZE")
+#: the harness's own switches of what a cell checks or stamps on its record
+ENV_NAMES = ("FSDP_COMPAT_LEDGER", "FSDP_COMPAT_RESOURCES", "FSDP_COMPAT_TORCH_SOURCE")
+#: left out although a prefix matches: which GPU of the machine (its model is in the key)
+_ENV_LEFT_OUT = ("CUDA_VISIBLE_DEVICES",)
+
+
+def _environment(environ: Mapping[str, str]) -> str:
+    """The interpreter and the environment variables a cell's outcome may depend on."""
+    picked = sorted((k, v) for k, v in environ.items()
+                    if (k.startswith(ENV_PREFIXES) or k in ENV_NAMES) and k not in _ENV_LEFT_OUT)
+    return _digest(sys.version, str(sys.flags.optimize), json.dumps(picked))
 
 
 @functools.cache
@@ -168,9 +199,13 @@ class CellInputs:
         options = dict(variant=cell.variant, device=cell.device, backend=cell.backend, world_size=cell.world_size,
                        mesh=list(cell.mesh), timeout_s=cell.timeout_s, init=cell.init, fault=cell.fault,
                        patches=list(cell.patches), expected=list(cell.expected), isolate=self.isolate)
-        return _digest(_torch_build(), _machine(cell.device), _harness_digest(), _installs(),
+        return _digest(_torch_build(), _machine(cell.device), self.environment, _harness_digest(), _installs(),
                        self.scenario_digest(cell.scenario), json.dumps(options, sort_keys=True),
                        self.module_digest if cell.patches else "")
+
+    @functools.cached_property
+    def environment(self) -> str:
+        return _environment(os.environ)
 
     def scenario_digest(self, name: str) -> str:
         if name not in self._scenario_digests:
