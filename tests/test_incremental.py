@@ -128,6 +128,24 @@ def test_what_a_replaced_records_file_carries_over_is_the_newest_reusable_of_it_
     assert carry_over(out) is None and not previous.exists()  # nothing reusable: no file
 
 
+def test_a_carried_over_file_keeps_the_newest_keys_of_each_cell_and_copies_their_lines(tmp_path):
+    """Each change of the harness or torch gives every cell a new key: the carry keeps the
+    newest ``KEYS_PER_CELL`` of a cell instead of growing by a whole run each time."""
+    from harness.results.reusable import KEYS_PER_CELL
+
+    out = tmp_path / "torch-2.13.0.jsonl"
+    other = make_record(scenario="b", inputs="b1", status="pass", as_expected=True)
+    for i in range(KEYS_PER_CELL + 2):
+        rows = [make_record(scenario="a", inputs=f"a{i}", status="pass", as_expected=True)] + ([other] if i == 0 else [])
+        out.write_text("".join(r.to_json() + "\n" for r in rows))
+        previous = carry_over(out)
+    newest = {f"a{i}" for i in range(2, KEYS_PER_CELL + 2)}
+    assert set(reusable_records(previous)) == newest | {"b1"}
+    assert other.to_json() in previous.read_text().splitlines()  # copied as written
+    out.write_text(make_record(scenario="a", inputs="a2", status="mismatch", as_expected=False).to_json() + "\n")
+    assert set(reusable_records(carry_over(out))) == newest - {"a2"} | {"b1"}  # its newest record failed
+
+
 def test_a_rerun_reuses_the_records_of_the_file_it_replaces(tmp_path):
     """``nox -s matrix`` replaces a version's records file; what it held is carried over and reused."""
     scenarios, out = tmp_path / "scenarios", tmp_path / "torch.jsonl"
@@ -142,6 +160,31 @@ def test_a_rerun_reuses_the_records_of_the_file_it_replaces(tmp_path):
     w1 = [r for r in again if r.world_size == 1]
     assert {(r.scenario, r.variant) for r in w1 if r.reused_from is None} == always and _verdicts(w1) == _verdicts(first)
     assert {r.world_size for r in again if r.reused_from is None} >= {2}  # a launch beside the reused: new cells
+
+
+def test_the_key_sees_the_settings_torch_and_the_harness_read_from_the_environment(monkeypatch):
+    from harness.plan.cells import Cell
+    from harness.plan.inputs import CellInputs
+    from harness.undertest.source import locate
+
+    cell = Cell(index=0, scenario="plain", variant="vanilla", device="cpu", backend="gloo", world_size=2, mesh=(2,),
+                timeout_s=60.0)
+
+    def key():
+        return CellInputs(scenario_files={}, source=locate("fsdp_patches")).key(cell)
+
+    for name in ("FSDP_COMPAT_LEDGER", "TORCH_DISTRIBUTED_DEBUG", "PYTHONHASHSEED", "OMP_NUM_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+    first = key()
+    monkeypatch.setenv("FSDP_COMPAT_UNRELATED", "1")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    assert key() == first
+    for name, value in (("FSDP_COMPAT_LEDGER", "0"), ("TORCH_DISTRIBUTED_DEBUG", "DETAIL"), ("PYTHONHASHSEED", "0"),
+                        ("OMP_NUM_THREADS", "2")):
+        monkeypatch.setenv(name, value)
+        assert key() != first, name
+        monkeypatch.delenv(name)
+    assert key() == first
 
 
 def test_the_module_key_sees_its_folder_but_not_its_probed_code(tmp_path):

@@ -44,8 +44,9 @@ def reuse(cells: list[Cell], config: RunConfig, out: Path,
             continue
         rec = dataclasses.replace(old, run_id=config.run_id or "", launch_id="reused", cell=cell.index, started_at=now,
                                   reused_from=old.reused_from or {"run_id": old.run_id, "started_at": old.started_at})
-        append(out, rec)
         reused.append(rec)
+    if reused:
+        append(out, *reused)  # one write: all of them are on disk before any cell starts
     return reused, to_run
 
 

@@ -216,14 +216,15 @@ def finish(rec: Record, t0: float) -> Record:
     return rec
 
 
-def append(path: str | os.PathLike, rec: Record) -> None:
-    """Append one record and force it to disk before returning."""
-    append_line(path, rec.to_json(), sync=True)
+def append(path: str | os.PathLike, *recs: Record) -> None:
+    """Append records (in one write) and force them to disk before returning."""
+    if recs:
+        append_line(path, "\n".join(rec.to_json() for rec in recs), sync=True)
 
 
 def append_line(path: str | os.PathLike, line: str, *, sync: bool = False) -> None:
-    """Append one whole line; several processes may append to one file at once (a
-    launch's slots do), so each line goes in one ``write`` under an exclusive lock."""
+    """Append one whole line (or several joined by newlines); several processes may append to
+    one file at once (a launch's slots do), so they go in one ``write`` under an exclusive lock."""
     data = (line + "\n").encode("utf-8")
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:

@@ -4,13 +4,16 @@ records file."""
 
 from __future__ import annotations
 
+import collections
+import contextlib
+import json
 import os
 from pathlib import Path
 
 from harness.results.reading import load_records
 from harness.results.record import Record, RecordError
 
-__all__ = ["ALWAYS_RUN", "carry_over", "reusable_records"]
+__all__ = ["ALWAYS_RUN", "KEYS_PER_CELL", "carry_over", "reusable_records"]
 
 #: outcomes a rerun must confirm: never reused
 ALWAYS_RUN = frozenset({"hang", "crash"})
@@ -33,17 +36,47 @@ def reusable_records(*paths: Path) -> dict[str, Record]:
     return {k: r for k, r in newest.items() if r.as_expected and r.status not in ALWAYS_RUN}
 
 
+#: how many input keys of one cell a carried-over file keeps (the newest): enough to go back
+#: to the last state after trying an edit, without the file growing by a whole run at each
+#: change of the harness or torch (every key new)
+KEYS_PER_CELL = 2
+
+#: the fields that name a cell, whatever its inputs
+_CELL_FIELDS = ("scenario", "variant", "world_size", "device", "backend", "init", "fault")
+
+
 def carry_over(out: Path) -> Path | None:
     """Before a run replaces the records file ``out`` (``nox -s matrix``: one file per torch
     version, a rerun's records in place of the last run's): what the rerun may reuse, from
-    ``out`` and from what an earlier replacement kept, newest per key, in ``<out>.previous``
-    (no ``*.jsonl`` search finds it). That file, or None where nothing is reusable."""
+    ``out`` and from what an earlier replacement kept, newest per key and at most
+    ``KEYS_PER_CELL`` keys a cell, in ``<out>.previous`` (no ``*.jsonl`` search finds it). That
+    file, or None where nothing is reusable. The lines are copied as they are: ``harness run``
+    reads them as records when it reuses them (and skips any that is not one)."""
     previous = out.with_name(out.name + ".previous")
-    keep = reusable_records(previous, out)
-    if not keep:
+    newest: dict[str, tuple[tuple, bytes, bool]] = {}
+    for path in (previous, out):
+        with contextlib.suppress(OSError):
+            for raw in path.read_bytes().splitlines():
+                try:
+                    row = json.loads(raw)
+                    key = row["inputs"]
+                except (ValueError, TypeError, KeyError):
+                    continue
+                if not isinstance(key, str) or not key:
+                    continue
+                newest.pop(key, None)  # insertion order is age: the last one seen is the newest
+                ok = row.get("as_expected") is True and row.get("status") not in ALWAYS_RUN
+                newest[key] = (tuple(json.dumps(row.get(f)) for f in _CELL_FIELDS), raw, ok)
+    kept: list[bytes] = []
+    per_cell: collections.Counter = collections.Counter()
+    for cell, raw, ok in reversed(newest.values()):
+        if ok and per_cell[cell] < KEYS_PER_CELL:
+            per_cell[cell] += 1
+            kept.append(raw)
+    if not kept:
         previous.unlink(missing_ok=True)
         return None
     partial = previous.with_name(previous.name + ".partial")
-    partial.write_text("".join(rec.to_json() + "\n" for rec in keep.values()))
+    partial.write_bytes(b"".join(raw + b"\n" for raw in reversed(kept)))
     os.replace(partial, previous)
     return previous

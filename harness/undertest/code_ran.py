@@ -265,9 +265,16 @@ class CodeIndex:
     def __init__(self, root: Path) -> None:
         self.root = root.resolve()
         self._files: dict[str, dict[str, str] | None] = {}
+        #: each piece's digest, looked up once (a rerun asks for the same pieces for hundreds of records)
+        self._known: dict[str, str | None] = {}
 
     def current(self, dep: str) -> str | None:
         """``dep``'s digest now; None where its file or function is gone (or does not parse)."""
+        if dep not in self._known:
+            self._known[dep] = self._look(dep)
+        return self._known[dep]
+
+    def _look(self, dep: str) -> str | None:
         rel, _, name = dep.partition("::")
         path = self.root if self.root.is_file() else self.root / rel
         if not path.is_file():
