@@ -1,11 +1,12 @@
-"""The per-rank program (``harness.rank.worker``): which cells are this rank's, and that it
-preloads and imports only what they need."""
+"""The per-rank program (``harness.rank.worker``): which cells are this rank's, that it
+preloads only what they need, and imports what the run's scenarios need."""
 
 import dataclasses
 import json
 import os
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -66,16 +67,28 @@ def test_only_what_the_ranks_cells_need_is_preloaded(monkeypatch, cells, wanted)
     assert done == wanted
 
 
-def test_requirements_are_those_of_the_ranks_scenarios(monkeypatch):
+def test_requirements_are_those_of_every_scenario_the_run_selected(monkeypatch):
+    """Not only those of the launch's cells: an incremental run's ranks start as a fresh run's do."""
     from harness.spec import Scenario
     from scenarios._models import MLP, randn_batch
 
     scenarios = {name: Scenario(name=name, model=MLP, batch=randn_batch(), requires=(f"pkg_{name}.models",))
-                 for name in ("a", "b")}
+                 for name in ("a", "b", "c")}
+    assert worker.selected_requirements(scenarios, ["a", "c", "gone"]) == ["pkg_a.models", "pkg_c.models"]
+    assert worker.selected_requirements(scenarios, []) == ["pkg_a.models", "pkg_b.models", "pkg_c.models"]
     imported = []
     monkeypatch.setattr(worker.importlib, "import_module", imported.append)
-    worker._import_requirements([_cell(0, scenario="a"), _cell(1, scenario="a")], scenarios)
-    assert imported == ["pkg_a.models"]
+    worker.import_requirements(["pkg_a.models", "pkg_c.models", "pkg_a.models"])
+    assert imported == ["pkg_a.models", "pkg_c.models"]
+    imported.clear()
+    monkeypatch.setattr(worker, "_preload", lambda cells: None)
+    monkeypatch.setattr(worker, "_precompile", lambda cells, patches: None)
+    monkeypatch.setattr(worker.gc, "freeze", lambda: None)
+    monkeypatch.setitem(worker._WARM, "scenarios", None)
+    config = types.SimpleNamespace(scenario_dirs=[], scenarios=["b", "c"], patches="fsdp_patches")
+    worker.warm_up(types.SimpleNamespace(config=config), [_cell(0, scenario="b")],
+                   loaded=([], types.SimpleNamespace(scenarios=scenarios)))
+    assert imported == ["pkg_b.models", "pkg_c.models"]  # c has no cell in this launch
 
 
 _SEES = '''

@@ -133,9 +133,9 @@ def _die_with_parent() -> None:
 
 
 # -- the server -------------------------------------------------------------------------
-def serve(name: str, plan_path: str | None, torchrun: list[str], scenario_dirs: list[str]) -> None:
+def serve(name: str, plan_path: str | None, torchrun: list[str], prestarted: tuple[list[str], list[str]]) -> None:
     """Start ``torchrun``, warm up for the launch's cells, fork a worker per rank program that
-    asks; exit as torchrun did."""
+    asks; exit as torchrun did. ``prestarted``: scenario folders and names (``await_launch``)."""
     import selectors
     import subprocess
 
@@ -143,7 +143,7 @@ def serve(name: str, plan_path: str | None, torchrun: list[str], scenario_dirs: 
     listener.bind("\0" + name)
     listener.listen(64)
     run = None if plan_path is None else subprocess.Popen(torchrun, preexec_fn=_die_with_parent)
-    from harness.launch.prestart import await_launch
+    from harness.launch.prestart import await_launch, torchrun_forked
     from harness.protocol import LaunchPlan
     from harness.rank import worker
     from harness.rank.phases import CLOCK, process_age
@@ -152,8 +152,8 @@ def serve(name: str, plan_path: str | None, torchrun: list[str], scenario_dirs: 
     CLOCK.add("startup", *process_age())
     loaded = None
     if run is None:  # started before the launcher planned (``harness.launch.prestart``): the launch comes now
-        plan_path, torchrun, loaded = await_launch(scenario_dirs)
-        run = subprocess.Popen(torchrun, preexec_fn=_die_with_parent)
+        plan_path, torchrun, loaded = await_launch(*prestarted)
+        run = torchrun_forked(torchrun, listener, _die_with_parent) or subprocess.Popen(torchrun, preexec_fn=_die_with_parent)
     try:
         plan = LaunchPlan.load(plan_path)
         worker.warm_up(plan, plan.cells, loaded=loaded)
@@ -289,11 +289,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--socket", required=True, help="the server's (abstract) Unix socket name")
     parser.add_argument("--plan", help="serve: the launch plan; none: it comes on standard input (prestart)")
     parser.add_argument("--scenarios", action="append", default=[], help="serve, prestarted: a scenario folder")
+    parser.add_argument("--select", action="append", default=[], help="serve, prestarted: a scenario the run selected")
     args = parser.parse_args(head)
-    if args.role == "rank":
-        rank(args.socket, rest)
-    else:
-        serve(args.socket, args.plan, rest, args.scenarios)
+    rank(args.socket, rest) if args.role == "rank" else serve(args.socket, args.plan, rest, (args.scenarios, args.select))
 
 
 if __name__ == "__main__":

@@ -46,7 +46,7 @@ from harness.undertest.install import module_root
 from harness.undertest.source import is_path
 from harness.undertest.undo import preload
 
-__all__ = ["import_requirements", "main", "pin", "warm_up"]
+__all__ = ["import_requirements", "main", "pin", "selected_requirements", "warm_up"]
 
 EXIT_POISONED = 3
 #: the harness's own exits (``os._exit`` itself is wrapped by ``note_exits``)
@@ -100,7 +100,7 @@ def warm_up(plan: LaunchPlan, cells: list[Cell], loaded: tuple | None = None) ->
     scenarios = (loaded[1] if same else load_scenarios(plan.config.scenario_dirs)).scenarios
     CLOCK.enter("preload")
     _preload(cells)
-    _import_requirements(cells, scenarios)
+    import_requirements(selected_requirements(scenarios, plan.config.scenarios))
     _precompile(cells, plan.config.patches)
     # torch's, transformers' and the harness's objects live as long as the rank: left
     # in the collector's view, every full collection walks them again (a cell that
@@ -149,9 +149,12 @@ def _precompile(cells: list[Cell], patches: str) -> None:
                 code_ran.precompile(root)
 
 
-def _import_requirements(cells: list[Cell], scenarios: dict) -> None:
-    """The modules this rank's scenarios need (``Scenario.requires``), imported once here."""
-    import_requirements(m for c in cells if c.scenario in scenarios for m in scenarios[c.scenario].requires)
+def selected_requirements(scenarios: dict, names: list[str] | None) -> list[str]:
+    """The modules the run's scenarios need (``Scenario.requires``): of every scenario it selected
+    (``names``; none: all), not only of the cells a launch runs, so that a rank starts the same
+    in an incremental run (a few cells) as in a fresh one (the hf_ pack's transformers imported
+    by any launch of a run that has the pack); an unknown name has none."""
+    return [m for n in (names or scenarios) if n in scenarios for m in scenarios[n].requires]
 
 
 def import_requirements(names: Iterable[str]) -> list[str]:
