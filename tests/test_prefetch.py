@@ -48,6 +48,27 @@ def test_the_next_sessions_whole_install_line_is_fetched(tmp_path, monkeypatch):
     assert prefetch_next(_session([]), matrix, after=("2.8.0", "cpu")) is None and len(started) == 1
 
 
+def test_nothing_is_fetched_for_a_next_session_whose_venv_has_its_installs(tmp_path, monkeypatch):
+    """A rerun of the matrix: the next venv's bytecode mark names exactly its installs."""
+    from harness.envs.session import harness_folder, install_key, matrix_installs
+
+    (tmp_path / "m.yaml").write_text("devices:\n  cpu:\n    torch: ['2.8.0', '2.9.1']\n")
+    matrix = load_matrix(tmp_path / "m.yaml")
+    monkeypatch.setattr(prefetch, "start", lambda *args: "proc")
+    venv = tmp_path / ".nox" / "matrix-torch-2-9-1-device-cpu"
+    queued = _queued("matrix", torch="2.9.1", device="cpu")
+    queued.envdir = str(venv)
+    session = _session([queued], str(tmp_path / ".nox" / "matrix-torch-2-8-0-device-cpu"))
+    assert prefetch.queued_venv(session, ("2.9.1", "cpu")) == venv
+    assert prefetch_next(session, matrix, after=("2.8.0", "cpu")) == "proc"  # no venv yet
+    folder = harness_folder(venv)
+    folder.mkdir(parents=True)
+    (folder / "bytecode-written").write_text(install_key(matrix_installs(matrix, "2.9.1", "cpu", folder)))
+    assert prefetch_next(session, matrix, after=("2.8.0", "cpu")) is None
+    (folder / "bytecode-written").write_text(install_key(matrix_installs(matrix, "2.9.1", "cpu", folder)) + " x==1")
+    assert prefetch_next(session, matrix, after=("2.8.0", "cpu")) == "proc"  # other installs: fetched
+
+
 def _fake_uv(tmp_path: Path, body: str) -> Path:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SCRATCH_PREFIX", "main", "queued_cells", "start"]
+__all__ = ["SCRATCH_PREFIX", "main", "queued_cells", "queued_venv", "start"]
 
 #: scratch folders under nox's envdir: ``.prefetch-<torch>-<device>``
 SCRATCH_PREFIX = ".prefetch-"
@@ -41,6 +41,17 @@ def queued_cells(session: Any) -> list[tuple[str, str]]:
         if getattr(queued, "name", None) == runner.name and "torch" in spec and "device" in spec:
             cells.append((str(spec["torch"]), str(spec["device"])))
     return cells
+
+
+def queued_venv(session: Any, cell: tuple[str, str]) -> Path | None:
+    """The venv folder of the queued matrix session for ``cell`` (torch, device), from nox's
+    queue (a session runner's ``envdir``); None where the queue does not say."""
+    runner = getattr(session, "_runner", None)
+    for queued in getattr(getattr(runner, "manifest", None), "_queue", None) or []:
+        spec = getattr(getattr(queued, "func", None), "call_spec", None) or {}
+        if (str(spec.get("torch")), str(spec.get("device"))) == cell and isinstance(getattr(queued, "envdir", None), str):
+            return Path(queued.envdir)
+    return None
 
 
 def start(envdir: Path, label: str, python: str, uv_args: Callable[[Path], list[str]]) -> subprocess.Popen | None:

@@ -23,8 +23,9 @@ from harness.envs.packages import torch_install_args
 from harness.results.machine import TORCH_SOURCE_ENV
 from harness.results.reusable import carry_over
 
-__all__ = ["MATRIX_ENV", "bytecode_env", "gpu_visible", "harness_folder", "matrix_file", "matrix_installs", "prefetch_next",
-           "records_folder", "run_version", "session_args", "without_config", "write_bytecode"]
+__all__ = ["MATRIX_ENV", "bytecode_env", "gpu_visible", "harness_folder", "install_key", "installed", "matrix_file",
+           "matrix_installs", "prefetch_next", "records_folder", "run_version", "session_args", "without_config",
+           "write_bytecode"]
 
 MATRIX_ENV = "FSDP_COMPAT_MATRIX"
 DEFAULT_MATRIX = "matrix.yaml"
@@ -115,6 +116,19 @@ def bytecode_env(folder: Path) -> dict[str, str]:
     return {"PYTHONPYCACHEPREFIX": str(folder / BYTECODE_FOLDER), "PYTHONDONTWRITEBYTECODE": ""}
 
 
+def install_key(parts: Sequence[Sequence[str]]) -> str:
+    """A set of installs (``matrix_installs``) as the bytecode mark keeps it."""
+    return " ".join(arg for part in parts for arg in part)
+
+
+def installed(matrix: Matrix, torch: str, device: str, venv: Path) -> bool:
+    """Whether the venv ``venv`` holds the installs of matrix session (``torch``, ``device``), as its
+    bytecode mark (``write_bytecode``) says: written for exactly those installs."""
+    folder = harness_folder(venv)
+    mark = folder / "bytecode-written"
+    return mark.is_file() and mark.read_text() == install_key(matrix_installs(matrix, torch, device, folder))
+
+
 def write_bytecode(session: Any, folder: Path, key: str, *, root: Path, scenario_dirs: Sequence[str] = ()) -> bool:
     """Write the bytecode of what a launch imports (``harness.envs.warm``, one process) once
     per set of installs ``key`` (a mark in ``folder``); whether it ran. Modules imported
@@ -140,6 +154,9 @@ def prefetch_next(session: Any, matrix: Matrix, *, after: tuple[str, str]) -> An
     torch, device = queued[0]
     if device == "cuda" and not gpu_visible():  # it will be skipped
         return None
+    venv = prefetch.queued_venv(session, (torch, device))
+    if venv is not None and installed(matrix, torch, device, venv):
+        return None  # a rerun: hard-linking torch into a scratch folder would only take CPU from this session's cells
 
     def args(folder: Path) -> list[str]:
         return [arg for part in matrix_installs(matrix, torch, device, folder) for arg in part]
@@ -186,7 +203,7 @@ def run_version(session: Any, matrix: Matrix, torch: str, device: str, *, root: 
             session.error(f"the matrix's 'install' entries cannot be installed beside torch {torch} "
                           f"(uv's reason is above)")
     prefetch_next(session, matrix, after=(torch, device))
-    write_bytecode(session, own, " ".join([*torch_args, *hf, *extra]), root=root, scenario_dirs=matrix.scenarios_dirs)
+    write_bytecode(session, own, install_key([torch_args, hf, extra]), root=root, scenario_dirs=matrix.scenarios_dirs)
     out = runs / device / f"torch-{torch}.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
     previous = carry_over(out)  # what this rerun may reuse of the records it replaces
