@@ -156,3 +156,27 @@ def test_without_a_server_the_rank_starts_its_worker_cold():
     output, _ = rank.communicate(timeout=120)
     # the worker itself ran (and named the missing plan), not the rank program
     assert rank.returncode != 0 and "harness/rank/worker.py" in output and "/nonexistent/plan.json" in output
+
+
+_FORKED_TORCHRUN = r'''
+import json, socket, sys
+import torch
+from harness.launch.prestart import torchrun_forked
+
+listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+run = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--no-python", sys.argv[1]]
+child = torchrun_forked(run, listener, lambda: None)
+other = torchrun_forked(["/other/python", *run[1:]], listener, lambda: None)
+print(json.dumps({"code": child.wait(), "other": other}))
+'''
+
+
+@pytest.mark.parametrize("command, code", [("true", 0), ("false", 1)])
+def test_a_prestarted_server_runs_torchruns_own_main_in_a_forked_child(command, code):
+    """The agent starts without importing torch again, and ends as ``python -m torch.distributed.run``
+    does: its code, and on a rank's failure torchrun's summary (what the launcher reads a crash from)."""
+    res = subprocess.run([sys.executable, "-c", _FORKED_TORCHRUN, command], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert json.loads(res.stdout.splitlines()[-1]) == {"code": code, "other": None}, res.stderr[-2000:]
+    if code:
+        assert "ChildFailedError" in res.stderr and "Root Cause" in res.stderr and "exitcode  : 1" in res.stderr
