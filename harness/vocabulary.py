@@ -7,6 +7,7 @@ Every other module imports these names from here; nothing else defines them.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from enum import StrEnum
 from typing import Literal, get_args
 
@@ -48,7 +49,9 @@ __all__ = [
     "ISOLATIONS",
     "STATUSES",
     "VARIANTS",
+    "INSTALLING",
     "format_statuses",
+    "installs_patches",
     "match_for",
     "parse_statuses",
 ]
@@ -63,6 +66,8 @@ FAILING: frozenset[str] = frozenset({"mismatch", "error", "hang", "crash"})
 #: the scenario's patch turned on.
 Variant = Literal["vanilla", "patched", "deployed", "api"]
 VARIANTS: tuple[str, ...] = get_args(Variant)
+#: the variants whose cells install patches (``--init meta``: every variant installs the workaround)
+INSTALLING: tuple[str, ...] = ("patched", "deployed")
 Device = Literal["cpu", "cuda"]
 DEVICES: tuple[str, ...] = get_args(Device)
 #: the patches module under test unless a run names another (the project's own)
@@ -172,3 +177,8 @@ def match_for(match: str | dict[str, str] | None, status: str) -> str | None:
     """The text a failure with ``status`` must contain: ``match`` is one text for every status,
     or a text per status (``{"error": "...", "hang": "..."}``)."""
     return match.get(status) if isinstance(match, dict) else match
+
+
+def installs_patches(variants: Iterable[str], init: str) -> bool:
+    """Whether a run of ``variants`` built with ``init`` may install patches in some cell."""
+    return init == "meta" or any(v in INSTALLING for v in variants)

@@ -52,18 +52,20 @@ def test_a_rank_is_pinned_to_its_core_unless_the_run_says_no_pin(monkeypatch, tm
     assert calls == ([(3, 4)] if pinned else [])
 
 
-@pytest.mark.parametrize("cells, wanted", [
-    ([_cell(0), _cell(1, variant="patched", patches=("p",))], ["preload", "precompile fsdp_patches"]),
-    ([_cell(0), _cell(1, expected=("crash",))], ["torch._dynamo"]),  # before the zygote and the snapshot of torch
-    ([_cell(0), _cell(1)], ["torch._dynamo"]),
+@pytest.mark.parametrize("variants, init, cells, wanted", [
+    (["vanilla", "patched"], "full", [_cell(0)], ["preload", "precompile fsdp_patches"]),  # the run may install
+    (["vanilla"], "full", [_cell(0), _cell(1, variant="patched", patches=("p",))], ["preload", "precompile fsdp_patches"]),
+    (["vanilla"], "meta", [_cell(0)], ["preload", "precompile fsdp_patches"]),  # every variant installs the workaround
+    (["vanilla", "api"], "full", [_cell(0), _cell(1, expected=("crash",))], ["torch._dynamo"]),  # before the snapshot
 ])
-def test_only_what_the_ranks_cells_need_is_preloaded(monkeypatch, cells, wanted):
+def test_what_a_run_that_may_install_patches_needs_is_preloaded(monkeypatch, variants, init, cells, wanted):
+    """Decided by the run, not by the cells of the launch: an incremental run's ranks start as a fresh run's."""
     done = []
     monkeypatch.setattr(worker, "preload", lambda: done.append("preload"))
     monkeypatch.setattr(worker.importlib, "import_module", done.append)
     monkeypatch.setattr(worker.code_ran, "precompile", lambda root: done.append(f"precompile {root.name}"))
-    worker._preload(cells)
-    worker._precompile(cells, "fsdp_patches")  # compiled, never run: the worker runs no patch code
+    plan = _plan(cells, [], config=RunConfig(variants=variants, init=init))
+    worker.precompile_patches(worker._preload(plan, cells), "fsdp_patches")  # compiled, never run
     assert done == wanted
 
 
@@ -81,8 +83,8 @@ def test_requirements_are_those_of_every_scenario_the_run_selected(monkeypatch):
     worker.import_requirements(["pkg_a.models", "pkg_c.models", "pkg_a.models"])
     assert imported == ["pkg_a.models", "pkg_c.models"]
     imported.clear()
-    monkeypatch.setattr(worker, "_preload", lambda cells: None)
-    monkeypatch.setattr(worker, "_precompile", lambda cells, patches: None)
+    monkeypatch.setattr(worker, "_preload", lambda plan, cells: False)
+    monkeypatch.setattr(worker, "precompile_patches", lambda installing, patches: None)
     monkeypatch.setattr(worker.gc, "freeze", lambda: None)
     monkeypatch.setitem(worker._WARM, "scenarios", None)
     config = types.SimpleNamespace(scenario_dirs=[], scenarios=["b", "c"], patches="fsdp_patches")

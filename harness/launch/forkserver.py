@@ -133,9 +133,9 @@ def _die_with_parent() -> None:
 
 
 # -- the server -------------------------------------------------------------------------
-def serve(name: str, plan_path: str | None, torchrun: list[str], prestarted: tuple[list[str], list[str]]) -> None:
+def serve(name: str, plan_path: str | None, torchrun: list[str], warmth: dict | None) -> None:
     """Start ``torchrun``, warm up for the launch's cells, fork a worker per rank program that
-    asks; exit as torchrun did. ``prestarted``: scenario folders and names (``await_launch``)."""
+    asks; exit as torchrun did. ``warmth``: what a prestarted server imports before its plan (``await_launch``)."""
     import selectors
     import subprocess
 
@@ -152,7 +152,7 @@ def serve(name: str, plan_path: str | None, torchrun: list[str], prestarted: tup
     CLOCK.add("startup", *process_age())
     loaded = None
     if run is None:  # started before the launcher planned (``harness.launch.prestart``): the launch comes now
-        plan_path, torchrun, loaded = await_launch(*prestarted)
+        plan_path, torchrun, loaded = await_launch(warmth or {"scenario_dirs": [], "select": [], "patches": None})
         run = torchrun_forked(torchrun, listener, _die_with_parent) or subprocess.Popen(torchrun, preexec_fn=_die_with_parent)
     try:
         plan = LaunchPlan.load(plan_path)
@@ -288,10 +288,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("role", choices=("serve", "rank"))
     parser.add_argument("--socket", required=True, help="the server's (abstract) Unix socket name")
     parser.add_argument("--plan", help="serve: the launch plan; none: it comes on standard input (prestart)")
-    parser.add_argument("--scenarios", action="append", default=[], help="serve, prestarted: a scenario folder")
-    parser.add_argument("--select", action="append", default=[], help="serve, prestarted: a scenario the run selected")
+    parser.add_argument("--prestart", type=json.loads, help="serve, prestarted: what to import before the plan (JSON)")
     args = parser.parse_args(head)
-    rank(args.socket, rest) if args.role == "rank" else serve(args.socket, args.plan, rest, (args.scenarios, args.select))
+    if args.role == "rank":
+        rank(args.socket, rest)
+    else:
+        serve(args.socket, args.plan, rest, args.prestart)
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ from pathlib import Path
 
 from harness.runconfig import RunConfig
 from harness.undertest.locations import import_root, worker_spec
+from harness.vocabulary import installs_patches
 
 __all__ = ["PROJECT_ROOT", "Forked", "Prestarted", "await_launch", "launch_env", "started", "torchrun_forked", "warm",
            "worker_paths"]
@@ -117,13 +118,13 @@ def started(config: RunConfig, python: str = sys.executable, python_path: list[s
         return
     from harness.process import tree
 
-    _, paths = worker_paths(config, list(python_path or []))
+    workers, paths = worker_paths(config, list(python_path or []))
     env = launch_env(paths)
     dirs = [str(Path(d).resolve()) for d in config.scenario_dirs]
     name = f"fsdp-compat-early-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-    cmd = [python, "-m", "harness.launch.forkserver", "serve", "--socket", name,
-           *(arg for d in dirs for arg in ("--scenarios", d)), *(arg for n in config.scenarios for arg in ("--select", n)),
-           "--"]
+    patches = workers.patches if installs_patches(config.variants, config.init) else None
+    warmth = {"scenario_dirs": dirs, "select": list(config.scenarios), "patches": patches}
+    cmd = [python, "-m", "harness.launch.forkserver", "serve", "--socket", name, "--prestart", json.dumps(warmth), "--"]
     server = Prestarted(proc=tree.start(cmd, env=env, cwd=PROJECT_ROOT, log=Path(os.devnull), stdin=subprocess.PIPE),
                         name=name, python=python, env=env)
     try:
@@ -132,19 +133,25 @@ def started(config: RunConfig, python: str = sys.executable, python_path: list[s
         server.close()
 
 
-def await_launch(scenario_dirs: list[str], selected: list[str]) -> tuple[str, list[str], tuple[list[str], object]]:
-    """In the server: load the scenarios and import what the ``selected`` ones need (none: all;
-    what the warm-up would import for any launch of the run), then wait for the launch. Returns
-    the plan's path, the torchrun command and the loaded scenarios (with their folders). No line
-    (the launcher closed it unused): exit."""
+def await_launch(warmth: dict) -> tuple[str, list[str], tuple[list[str], object]]:
+    """In the server: load the scenarios and import what any launch of the run needs (``warmth``,
+    from ``started``: the requirements of the scenarios it selected, and where it may install
+    patches every module a patch may touch and the patches module's probed code, compiled), then
+    wait for the launch. Returns the plan's path, the torchrun command and the loaded scenarios
+    (with their folders). No line (the launcher closed it unused): exit."""
     from harness.rank.phases import CLOCK
-    from harness.rank.worker import import_requirements, selected_requirements
+    from harness.rank.worker import import_requirements, precompile_patches, selected_requirements
     from harness.scenario.load import load_scenarios
+    from harness.undertest.undo import preload
 
+    scenario_dirs = warmth["scenario_dirs"]
     with CLOCK.timed("scenarios"):
         library = load_scenarios(scenario_dirs)
     with CLOCK.timed("preload"):
-        import_requirements(selected_requirements(library.scenarios, selected))
+        import_requirements(selected_requirements(library.scenarios, warmth["select"]))
+        if warmth["patches"] is not None:
+            preload()
+            precompile_patches(True, warmth["patches"])
     line = sys.stdin.readline()
     if not line:
         os._exit(0)

@@ -45,8 +45,9 @@ from harness.undertest import code_ran
 from harness.undertest.install import module_root
 from harness.undertest.source import is_path
 from harness.undertest.undo import preload
+from harness.vocabulary import installs_patches
 
-__all__ = ["import_requirements", "main", "pin", "selected_requirements", "warm_up"]
+__all__ = ["import_requirements", "main", "pin", "precompile_patches", "selected_requirements", "warm_up"]
 
 EXIT_POISONED = 3
 #: the harness's own exits (``os._exit`` itself is wrapped by ``note_exits``)
@@ -99,9 +100,9 @@ def warm_up(plan: LaunchPlan, cells: list[Cell], loaded: tuple | None = None) ->
     same = loaded is not None and list(loaded[0]) == [str(d) for d in plan.config.scenario_dirs]
     scenarios = (loaded[1] if same else load_scenarios(plan.config.scenario_dirs)).scenarios
     CLOCK.enter("preload")
-    _preload(cells)
+    installing = _preload(plan, cells)
     import_requirements(selected_requirements(scenarios, plan.config.scenarios))
-    _precompile(cells, plan.config.patches)
+    precompile_patches(installing, plan.config.patches)
     # torch's, transformers' and the harness's objects live as long as the rank: left
     # in the collector's view, every full collection walks them again (a cell that
     # collects per step, ``harness.train.resources``: 0.3-0.5 s each, tens of ms frozen)
@@ -127,22 +128,25 @@ def _cells_of(plan: LaunchPlan, rank: int) -> list[Cell]:
     return [by_index[i] for stage in plan.stages for i in stage.cells_of(rank // stage.world_size)]
 
 
-def _preload(cells: list[Cell]) -> None:
-    """What this rank's cells need before their deadlines: every module a patch may touch
-    where a cell installs patches (``harness.undertest.undo.preload``); else the dynamo package
-    FSDP2 imports on first use (importing it sets up torch, ``torch.manual_seed`` included:
-    before the rank's snapshot of torch, ``harness.rank.leaks``, and once, not in every
-    forked process)."""
-    if any(c.patches for c in cells):
+def _preload(plan: LaunchPlan, cells: list[Cell]) -> bool:
+    """What the rank's cells need before their deadlines: every module a patch may touch where
+    the run may install patches (``installs_patches``: whichever of the run's cells the launch
+    runs, so that a rank of an incremental run starts as a fresh run's does) or a cell does
+    (``harness.undertest.undo.preload``); else the dynamo package FSDP2 imports on first use
+    (importing it sets up torch, ``torch.manual_seed`` included: before the rank's snapshot of
+    torch, ``harness.rank.leaks``, and once, not in every forked process). Whether it preloaded."""
+    installing = installs_patches(plan.config.variants, plan.config.init) or any(c.patches for c in cells)
+    if installing:
         preload()
     else:
         importlib.import_module("torch._dynamo")
+    return installing
 
 
-def _precompile(cells: list[Cell], patches: str) -> None:
+def precompile_patches(installing: bool, patches: str) -> None:
     """The module under test's probed code, compiled, not run (``harness.undertest.code_ran.precompile``),
-    where a cell installs patches; after every import, so its scan of the imported modules is complete."""
-    if any(c.patches for c in cells) and (is_path(patches) or "." not in patches):  # finding a.b would import a
+    where patches may be installed; after every import, so its scan of the imported modules is complete."""
+    if installing and (is_path(patches) or "." not in patches):  # finding a.b would import a
         with contextlib.suppress(ValueError):
             root = module_root(patches)
             if root is not None:
