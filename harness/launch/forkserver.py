@@ -152,8 +152,8 @@ def serve(name: str, plan_path: str | None, torchrun: list[str], warmth: dict | 
     CLOCK.add("startup", *process_age())
     loaded = None
     if run is None:  # started before the launcher planned (``harness.launch.prestart``): the launch comes now
-        plan_path, torchrun, loaded = await_launch(warmth or {"scenario_dirs": [], "select": [], "patches": None})
-        run = torchrun_forked(torchrun, listener, _die_with_parent) or subprocess.Popen(torchrun, preexec_fn=_die_with_parent)
+        plan_path, run, loaded = await_launch(warmth or {"scenario_dirs": [], "select": [], "patches": None}, lambda cmd: (
+            torchrun_forked(cmd, listener, _die_with_parent) or subprocess.Popen(cmd, preexec_fn=_die_with_parent)))
     try:
         plan = LaunchPlan.load(plan_path)
         worker.warm_up(plan, plan.cells, loaded=loaded)

@@ -24,14 +24,16 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import socket
 import subprocess
 import sys
 import traceback
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from harness.runconfig import RunConfig
 from harness.undertest.locations import import_root, worker_spec
@@ -133,12 +135,14 @@ def started(config: RunConfig, python: str = sys.executable, python_path: list[s
         server.close()
 
 
-def await_launch(warmth: dict) -> tuple[str, list[str], tuple[list[str], object]]:
+def await_launch(warmth: dict, start: Callable[[list[str]], Any]) -> tuple[str, Any, tuple[list[str], object]]:
     """In the server: load the scenarios and import what any launch of the run needs (``warmth``,
     from ``started``: the requirements of the scenarios it selected, and where it may install
     patches every module a patch may touch and the patches module's probed code, compiled), then
-    wait for the launch. Returns the plan's path, the torchrun command and the loaded scenarios
-    (with their folders). No line (the launcher closed it unused): exit."""
+    wait for the launch. The launch is taken as soon as it comes, between those steps too: its
+    torchrun is started then (``start``), so that torchrun's agent and rank programs start while
+    this server still imports. Returns the plan's path, the started torchrun and the loaded
+    scenarios (with their folders). No line (the launcher closed it unused): exit."""
     from harness.rank.phases import CLOCK
     from harness.rank.worker import import_requirements, precompile_patches, selected_requirements
     from harness.scenario.load import load_scenarios
@@ -147,11 +151,24 @@ def await_launch(warmth: dict) -> tuple[str, list[str], tuple[list[str], object]
     scenario_dirs = warmth["scenario_dirs"]
     with CLOCK.timed("scenarios"):
         library = load_scenarios(scenario_dirs)
-    with CLOCK.timed("preload"):
-        import_requirements(selected_requirements(library.scenarios, warmth["select"]))
-        if warmth["patches"] is not None:
-            preload()
-            precompile_patches(True, warmth["patches"])
+    steps = [lambda: import_requirements(selected_requirements(library.scenarios, warmth["select"]))]
+    if warmth["patches"] is not None:  # the probed code compiled after every import: its scan of them is complete
+        steps += [preload, lambda: precompile_patches(True, warmth["patches"])]
+    launch = run = None
+    for step in steps:
+        if launch is None and select.select([sys.stdin], [], [], 0)[0]:
+            launch, run = _take_launch(start)
+        with CLOCK.timed("preload"):
+            step()
+    if launch is None:
+        launch, run = _take_launch(start)
+    return launch["plan"], run, (scenario_dirs, library)
+
+
+def _take_launch(start: Callable[[list[str]], Any]) -> tuple[dict, Any]:
+    """Read the launch's line (none: exit), take on its environment and log, start its torchrun."""
+    from harness.rank.phases import CLOCK
+
     line = sys.stdin.readline()
     if not line:
         os._exit(0)
@@ -163,7 +180,7 @@ def await_launch(warmth: dict) -> tuple[str, list[str], tuple[list[str], object]
     for target in (1, 2):
         os.dup2(out, target)
     os.close(out)
-    return launch["plan"], launch["torchrun"], (scenario_dirs, library)
+    return launch, start(launch["torchrun"])
 
 
 class Forked:
