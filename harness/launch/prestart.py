@@ -1,22 +1,22 @@
 """A CPU launch's forkserver started before the launcher plans, so that its imports overlap the planning.
 
 The launcher itself imports torch, loads the scenarios and keys every cell's inputs before it
-knows what to launch (about 2.4 s on 2 cores); the forkserver (``harness.launch.forkserver``)
-then imports torch, the harness and the scenarios again before the first rank can fork (about
-2.4 s more). Started at the beginning of ``harness run`` with what it can know then (the
-interpreter, the environment, the scenario folders), the server does that part while the
-launcher plans, then waits on its standard input for one line: the launch plan, the torchrun
-command and the launch's log. The first single-node CPU launch hands it over (``hand``); a run
-that launches nothing on CPU, or whose launch environment came out different, ends it unused
-(``close``) and starts its launches as before; a launcher gone without a word leaves it the end
-of its input (it exits) and its death signal. Until the line
+knows what to launch (about 2 s on 2 cores); the forkserver (``harness.launch.forkserver``)
+then imports torch, the harness, the scenarios, their requirements and the modules a patch may
+touch before the first rank can fork (about 3 s of CPU). Started at the beginning of
+``harness run`` with what it can know then (the interpreter, the environment, the scenario
+folders, the scenarios the run selected, whether it may install patches: ``await_launch``),
+the server does that part while the launcher plans, and takes one line on its standard input:
+the launch plan, the torchrun command and the launch's log. The first single-node CPU launch
+hands it over (``hand``); a run that launches nothing on CPU, or whose launch environment came
+out different, ends it unused (``close``) and starts its launches as before; a launcher gone
+without a word leaves it the end of its input (it exits) and its death signal. Until the line
 comes, the server's output goes nowhere: a server that failed to start is simply not used,
 and the launch's own server meets the same failure in the launch's log.
 
 Having torch imported by the time the launch comes, the server runs torchrun's agent in a child
-forked from itself (``torchrun_forked``: torchrun's own ``main``, its rendezvous, its worker
-processes and its failure summary, only not a fresh interpreter importing torch again, about
-1.5 s on 2 cores before the first rank program started).
+forked from itself (``torchrun_forked``): torchrun's own ``main``, its rendezvous, its worker
+processes and its failure summary, only not in a fresh interpreter that imports torch again.
 """
 
 from __future__ import annotations
