@@ -28,28 +28,31 @@ __all__ = ["SCRATCH_PREFIX", "main", "queued_cells", "queued_venv", "start"]
 SCRATCH_PREFIX = ".prefetch-"
 
 
-def queued_cells(session: Any) -> list[tuple[str, str]]:
-    """(torch, device) of the matrix sessions nox will run after this one, in order; [] where
-    nox's queue cannot be read (its layout is nox's own: ``session._runner.manifest._queue``)."""
+def _queued(session: Any) -> list[tuple[tuple[str, str], Any]]:
+    """((torch, device), runner) of each matrix session nox will run after this one, in order;
+    [] where nox's queue cannot be read (its layout is nox's own: ``session._runner.manifest._queue``)."""
     runner = getattr(session, "_runner", None)
     queue = getattr(getattr(runner, "manifest", None), "_queue", None)
     if runner is None or not isinstance(queue, list):
         return []
-    cells = []
+    found = []
     for queued in queue:
         spec = getattr(getattr(queued, "func", None), "call_spec", None) or {}
         if getattr(queued, "name", None) == runner.name and "torch" in spec and "device" in spec:
-            cells.append((str(spec["torch"]), str(spec["device"])))
-    return cells
+            found.append(((str(spec["torch"]), str(spec["device"])), queued))
+    return found
+
+
+def queued_cells(session: Any) -> list[tuple[str, str]]:
+    """(torch, device) of the matrix sessions nox will run after this one, in order."""
+    return [cell for cell, _ in _queued(session)]
 
 
 def queued_venv(session: Any, cell: tuple[str, str]) -> Path | None:
     """The venv folder of the queued matrix session for ``cell`` (torch, device), from nox's
     queue (a session runner's ``envdir``); None where the queue does not say."""
-    runner = getattr(session, "_runner", None)
-    for queued in getattr(getattr(runner, "manifest", None), "_queue", None) or []:
-        spec = getattr(getattr(queued, "func", None), "call_spec", None) or {}
-        if (str(spec.get("torch")), str(spec.get("device"))) == cell and isinstance(getattr(queued, "envdir", None), str):
+    for queued_cell, queued in _queued(session):
+        if queued_cell == cell and isinstance(getattr(queued, "envdir", None), str):
             return Path(queued.envdir)
     return None
 
