@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import signal
 import sys
+import time
 from functools import partial
 from pathlib import Path
 
@@ -70,6 +71,9 @@ def _parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run scenario cells under torchrun and judge them")
     add_arguments(run)  # every run option (``harness.runconfig.RunConfig``)
     run.add_argument("--quiet", action="store_true", help="no progress lines")
+    run.add_argument("--hold", action="store_true",
+                     help="plan, then wait for a line on standard input before writing anything or starting a cell "
+                          "(its end: exit 0, nothing written); nox -s matrix starts the next version's run so")
     run.add_argument("--allow-missing", action="store_true",
                      help="a local run: cells skipped for lack of a package or GPUs do not make the exit code 1 "
                           "(they stay not as documented in the records)")
@@ -154,10 +158,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
             from harness.launch.pipeline import run
 
             result = run(config, on_start=None if args.quiet else partial(console.say_start, shuffle=args.shuffle),
-                         on_record=progress, prestarted=server,
+                         on_record=progress, prestarted=server, hold=partial(_await_go, progress) if args.hold else None,
                          on_load_error=lambda e: print(f"error: {e} (the scenario is recorded as an error and "
                                                        f"skipped)", file=sys.stderr, flush=True),
                          on_warning=lambda w: print(f"warning: {w}", file=sys.stderr, flush=True))
+    except _NotLetGo:
+        return 0
     except _Interrupted as stop:
         print(f"interrupted by {signal.Signals(stop.signum).name} before any cell ran", flush=True)
         return 128 + stop.signum
@@ -177,6 +183,19 @@ def _cmd_run(args: argparse.Namespace) -> int:
               if args.allow_missing else ": not as documented (--allow-missing for a local run)"))
     counted = [r for r in result.records if not (args.allow_missing and r in missing)]
     return EXIT_UNEXPECTED if any(not r.as_expected for r in counted) else 0
+
+
+class _NotLetGo(Exception):
+    """``--hold``: the input ended before a line came."""
+
+
+def _await_go(progress: console.Progress | None) -> None:
+    """``--hold``: wait for a line on standard input; the progress clock starts then."""
+    print("planned; held until a line comes on standard input (--hold)", file=sys.stderr, flush=True)
+    if not sys.stdin.readline():
+        raise _NotLetGo
+    if progress is not None:
+        progress.t0 = time.time()
 
 
 def _cmd_repro(args: argparse.Namespace) -> int:

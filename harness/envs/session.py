@@ -15,9 +15,11 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+from harness.envs import ahead
 from harness.envs.matrix import Matrix
 from harness.envs.packages import torch_install_args
 from harness.results.machine import TORCH_SOURCE_ENV
@@ -180,7 +182,7 @@ def run_version(session: Any, matrix: Matrix, torch: str, device: str, *, root: 
         runner, rest = session_args(session.posargs)
     except ValueError as e:
         session.error(str(e))
-    dev = matrix.device(device)
+    matrix.device(device)  # a device the matrix lacks stops here
     if device == "cuda" and not gpu_visible():
         why = "no GPU visible on this machine (nvidia-smi finds none)"
         if getattr(session, "name", None) in sys.argv:  # asked for by name (the GPU workflow): it must run
@@ -206,24 +208,42 @@ def run_version(session: Any, matrix: Matrix, torch: str, device: str, *, root: 
     write_bytecode(session, own, install_key([torch_args, hf, extra]), root=root, scenario_dirs=matrix.scenarios_dirs)
     out = runs / device / f"torch-{torch}.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
-    previous = carry_over(out)  # what this rerun may reuse of the records it replaces
-    for old in [out, *out.parent.glob(f"torch-{torch}-*.jsonl")]:
-        old.unlink(missing_ok=True)  # a rerun replaces this cell's records (pytest-xdist writes one file per worker)
-    env = {"PYTHONPATH": str(root), **bytecode_env(own)}
-    if source is not None:
-        env[TORCH_SOURCE_ENV] = source.label  # stamped on every record; the report names it
+    replaced = [out, *out.parent.glob(f"torch-{torch}-*.jsonl")]  # pytest-xdist writes one file per worker
+    held = ahead.held_for(torch, device)  # this session's run, started by the session before (harness.envs.ahead)
     if runner == "pytest":
-        session.install("pytest", "pytest-xdist")
-        args = ["-p", "harness.pytest_plugin", "--fsdp-compat", "--fsdp-compat-device", device,
-                "--fsdp-compat-out", str(out), "--fsdp-compat-patches", matrix.patches,
-                "--fsdp-compat-timeout", str(dev.timeout_s), f"--junitxml={out.with_suffix('.xml')}",
-                "-p", "no:cacheprovider", "-o", "testpaths=", "-q"]
-        args += [f"--fsdp-compat-world-size={ws}" for ws in dev.world_sizes]
-        args += [f"--fsdp-compat-patch-map={n}={fn}" for n, fn in matrix.patch_map.items()]
-        args += [f"--fsdp-compat-scenario={name}" for name in matrix.scenarios or []]
-        args += [f"--fsdp-compat-scenarios-dir={d}" for d in matrix.scenarios_dirs]
-        session.run("python", "-m", "pytest", *args, *rest, env=env)
+        if held is not None:
+            ahead.end(held)
+        carry_over(out)  # kept for a later run of the harness runner
+        _run_pytest(session, matrix, device, out, replaced, _env(matrix, torch, device, own, root), rest)
         return
+    # what this rerun may reuse of the records it replaces (a held run's session carried them over)
+    previous = held.previous if held is not None else carry_over(out)
+    args, env = _run_command(matrix, torch, device, own, root=root, out=out, previous=previous, rest=rest)
+
+    def start_next() -> None:  # the next session's run, planned while this one's cells run
+        ahead.start_next(session, matrix, after=(torch, device), command=partial(
+            _next_command, matrix, root=root, runs=runs, rest=rest))
+
+    if held is not None and ahead.adopt(session, held, args, env, replaced, on_go=start_next):
+        return
+    for old in replaced:
+        old.unlink(missing_ok=True)  # a rerun replaces this cell's records
+    start_next()
+    session.run("python", *args, env=env)
+
+
+def _env(matrix: Matrix, torch: str, device: str, own: Path, root: Path) -> dict[str, str]:
+    """The environment a matrix session's run gets (besides nox's own and its venv's)."""
+    env = {"PYTHONPATH": str(root), **bytecode_env(own)}
+    if (source := matrix.source(torch, device)) is not None:
+        env[TORCH_SOURCE_ENV] = source.label  # stamped on every record; the report names it
+    return env
+
+
+def _run_command(matrix: Matrix, torch: str, device: str, own: Path, *, root: Path, out: Path,
+                 previous: Path | None, rest: Sequence[str]) -> tuple[list[str], dict[str, str]]:
+    """A matrix session's ``harness run``: its arguments after ``python``, and its ``env``."""
+    dev = matrix.device(device)
     # --expect-torch: the run stops at once unless the venv really holds the cell's torch
     args = ["--device", device, "--out", str(out), "--patches", matrix.patches, "--timeout", str(dev.timeout_s),
             "--expect-torch", torch]
@@ -239,4 +259,33 @@ def run_version(session: Any, matrix: Matrix, torch: str, device: str, *, root: 
         args.append("--fresh")
     elif previous is not None:
         args += ["--reuse-from", str(previous)]
-    session.run("python", "-m", "harness", "run", *args, *rest, env=env)
+    return ["-m", "harness", "run", *args, *rest], _env(matrix, torch, device, own, root)
+
+
+def _next_command(matrix: Matrix, torch: str, device: str, venv: Path, *, root: Path, runs: Path,
+                  rest: Sequence[str]) -> tuple[list[str], dict[str, str], Path | None]:
+    """``_run_command`` of the matrix session for (``torch``, ``device``) in ``venv``, its
+    records carried over now (its records file stays until it is adopted)."""
+    out = runs / device / f"torch-{torch}.jsonl"
+    previous = None if matrix.fresh else carry_over(out)
+    args, env = _run_command(matrix, torch, device, harness_folder(venv), root=root, out=out, previous=previous,
+                             rest=rest)
+    return args, env, previous
+
+
+def _run_pytest(session: Any, matrix: Matrix, device: str, out: Path, replaced: list[Path], env: dict[str, str],
+                rest: Sequence[str]) -> None:
+    """``-- --runner pytest``: the cells as pytest items, JUnit XML beside the records."""
+    dev = matrix.device(device)
+    for old in replaced:
+        old.unlink(missing_ok=True)
+    session.install("pytest", "pytest-xdist")
+    args = ["-p", "harness.pytest_plugin", "--fsdp-compat", "--fsdp-compat-device", device,
+            "--fsdp-compat-out", str(out), "--fsdp-compat-patches", matrix.patches,
+            "--fsdp-compat-timeout", str(dev.timeout_s), f"--junitxml={out.with_suffix('.xml')}",
+            "-p", "no:cacheprovider", "-o", "testpaths=", "-q"]
+    args += [f"--fsdp-compat-world-size={ws}" for ws in dev.world_sizes]
+    args += [f"--fsdp-compat-patch-map={n}={fn}" for n, fn in matrix.patch_map.items()]
+    args += [f"--fsdp-compat-scenario={name}" for name in matrix.scenarios or []]
+    args += [f"--fsdp-compat-scenarios-dir={d}" for d in matrix.scenarios_dirs]
+    session.run("python", "-m", "pytest", *args, *rest, env=env)

@@ -23,22 +23,31 @@ from harness.results.reusable import reusable_records
 from harness.runconfig import RunConfig
 from harness.undertest.code_ran import CodeIndex
 
-__all__ = ["reuse"]
+__all__ = ["known", "reuse"]
 
 
-def reuse(cells: list[Cell], config: RunConfig, out: Path,
-          source: Path | None = None) -> tuple[list[Record], list[Cell]]:
+def known(config: RunConfig, out: Path) -> dict[str, Record]:
+    """The records ``config``'s run may reuse, by key: the newest as-expected one of each in its
+    ``--reuse-from`` files and in ``out`` (none where it runs everything)."""
+    if config.fresh or config.shuffle is not None or config.dump is not None:
+        return {}
+    return reusable_records(*map(Path, config.reuse_from), out)
+
+
+def reuse(cells: list[Cell], config: RunConfig, out: Path, source: Path | None = None,
+          records: dict[str, Record] | None = None) -> tuple[list[Record], list[Cell]]:
     """The records reused for ``cells`` (already appended to ``out``), and the cells to run;
-    ``source``: the module under test's folder (or file)."""
+    ``source``: the module under test's folder (or file); ``records``: what ``known`` read
+    (None: read now)."""
     if config.fresh or config.shuffle is not None or config.dump is not None:
         return [], cells
-    known = reusable_records(*map(Path, config.reuse_from), out)
+    found = known(config, out) if records is None else records
     code = CodeIndex(source) if source is not None else None
     reused: list[Record] = []
     to_run: list[Cell] = []
     now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     for cell in cells:
-        old = known.get(cell.inputs) if cell.inputs else None
+        old = found.get(cell.inputs) if cell.inputs else None
         if old is None or cell.may_end_process or (cell.patches and not _same_code(old, code)):
             to_run.append(cell)
             continue

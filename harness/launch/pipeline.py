@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.launch.incremental import reuse
+from harness.launch.incremental import known, reuse
 from harness.launch.launcher import LaunchOptions, RunResult, run_cells
 from harness.launch.outpath import prepare_out
 from harness.launch.prestart import Prestarted
@@ -82,15 +82,21 @@ def plan(config: RunConfig) -> Planned:
 def run(config: RunConfig, *, on_start: Callable[[int, Path], None] | None = None,
         on_record: Callable[[Record, int], None] | None = None,
         on_load_error: Callable[[LoadError], None] | None = None,
-        on_warning: Callable[[str], None] | None = None, prestarted: Prestarted | None = None) -> RunResult:
+        on_warning: Callable[[str], None] | None = None, prestarted: Prestarted | None = None,
+        hold: Callable[[], None] | None = None) -> RunResult:
     """Plan, validate and run every cell of ``config``: their records, in the order written,
     and what a signal left unrun. A scenario file that fails to load is recorded (and
     reported through ``on_load_error``); the other scenarios run. ``prestarted``: a server
-    started before this process imported torch, for the first CPU launch (``harness.launch.prestart``)."""
+    started before this process imported torch, for the first CPU launch (``harness.launch.prestart``).
+    ``hold``: called once planned and the reusable records read, before anything is written
+    (``harness run --hold``: it returns when let go)."""
     planned = plan(config)
     for warning in planned.warnings if on_warning else []:
         on_warning(warning)
     cells, broken = planned.cells, planned.broken
+    records = known(config, config.records_file)
+    if hold is not None:
+        hold()
     total = len(cells) + len(broken)
     opts = LaunchOptions(config=config, patches_module_id=planned.module_id, prestarted=prestarted,
                          on_record=(lambda rec: on_record(rec, total)) if on_record else None)
@@ -101,7 +107,7 @@ def run(config: RunConfig, *, on_start: Callable[[int, Path], None] | None = Non
             on_load_error(e)
     if on_start is not None:
         on_start(len(cells), opts.out_path)
-    reused, cells = reuse(cells, config, opts.out_path, planned.module_path)
+    reused, cells = reuse(cells, config, opts.out_path, planned.module_path, records)
     for rec in reused if opts.on_record else []:
         opts.on_record(rec)
     result = run_cells(cells, opts) if cells else RunResult()
