@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import psutil
 import pytest
+from nox.command import CommandFailed
 
 from harness.envs import ahead
 from harness.envs.matrix import load_matrix
@@ -85,6 +86,8 @@ def _sessions(tmp_path, monkeypatch, next_device="cpu", reused=True):
                              envdir=str(theirs), friendly_name="matrix(torch='2.13.0')",
                              reuse_existing_venv=lambda: reused)
     runner = SimpleNamespace(name="matrix", manifest=SimpleNamespace(_queue=[queued]))
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "scenario.py").write_text("X = 1\n")
     this = SimpleNamespace(_runner=runner, virtualenv=_Venv(location=str(mine), env={"NOX_CURRENT_SESSION": "this"}))
     that = SimpleNamespace(_runner=SimpleNamespace(name="matrix", manifest=SimpleNamespace(_queue=[])),
                            virtualenv=_Venv(location=str(theirs), env={"NOX_CURRENT_SESSION": queued.friendly_name}),
@@ -99,7 +102,7 @@ def _command(code: int):
 
 def test_the_next_session_adopts_the_run_started_for_it_and_fails_on_its_code(tmp_path, monkeypatch, capfd):
     this, that, theirs = _sessions(tmp_path, monkeypatch)
-    held = ahead.start_next(this, object(), after=("2.12.1", "cpu"), command=_command(3))
+    held = ahead.start_next(this, object(), after=("2.12.1", "cpu"), watched=[tmp_path / "code"], command=_command(3))
     assert held is not None and held.cmd[:5] == [str(theirs / "bin" / "python"), "-c", SCRIPT, "3", "--hold"]
     assert held.env["VIRTUAL_ENV"] == held.env["UV_PYTHON"] == str(theirs) and held.env["FOO"] == str(theirs)
     assert held.env["PATH"].startswith(f"{theirs}/bin:") and "CONDA_PREFIX" not in held.env
@@ -108,16 +111,17 @@ def test_the_next_session_adopts_the_run_started_for_it_and_fails_on_its_code(tm
     replaced.write_text("old\n")
     went = []
     args, env, _ = _command(3)("2.13.0", "cpu", theirs)
-    assert ahead.adopt(that, held, args, env, [replaced], on_go=lambda: went.append(replaced.exists()))
-    assert went == [False] and that.errors == [f"Command {' '.join(held.cmd)} failed with exit code 3"]
+    with pytest.raises(CommandFailed) as failed:  # as nox's session.run fails on a command's code
+        ahead.adopt(that, held, args, env, [replaced], on_go=lambda: went.append(replaced.exists()))
+    assert went == [False] and failed.value.return_code == 3 and held.proc.returncode == 3
     printed = capfd.readouterr().out
     assert "went go" in printed and "'--torch', '2.13.0'" in printed
 
 
-@pytest.mark.parametrize("change", ["environment", "command", "venv", "install", "ended"])
+@pytest.mark.parametrize("change", ["environment", "command", "venv", "install", "code", "ended"])
 def test_a_held_run_that_is_not_exactly_what_the_session_runs_is_ended_not_adopted(tmp_path, monkeypatch, change):
     this, that, theirs = _sessions(tmp_path, monkeypatch)
-    held = ahead.start_next(this, object(), after=("2.12.1", "cpu"), command=_command(0))
+    held = ahead.start_next(this, object(), after=("2.12.1", "cpu"), watched=[tmp_path / "code"], command=_command(0))
     ahead.held_for("2.13.0", "cpu")
     args, env, _ = _command(0)("2.13.0", "cpu", theirs)
     if change == "environment":
@@ -127,6 +131,8 @@ def test_a_held_run_that_is_not_exactly_what_the_session_runs_is_ended_not_adopt
     elif change == "venv":
         (theirs / "pyvenv.cfg").unlink()
         (theirs / "pyvenv.cfg").write_text("home = y\n")  # recreated
+    elif change == "code":  # an edit (a pull) since it planned
+        (tmp_path / "code" / "scenario.py").write_text("X = 22\n")
     elif change == "install":  # the session's own install step upgraded a package
         (theirs / "lib" / "python3.11" / "site-packages" / "pandas-3.0.1.dist-info").mkdir(parents=True)
     else:
@@ -138,11 +144,13 @@ def test_a_held_run_that_is_not_exactly_what_the_session_runs_is_ended_not_adopt
     assert held.proc.poll() is not None and replaced.exists() and not that.errors
 
 
-@pytest.mark.parametrize("why", ["cuda", "not reused"])
-def test_nothing_is_started_for_a_next_session_that_is_not_a_reused_cpu_venv(tmp_path, monkeypatch, why):
+@pytest.mark.parametrize("why", ["cuda", "not reused", "install only"])
+def test_nothing_is_started_for_a_next_session_that_is_not_a_reused_cpu_venv_or_under_install_only(tmp_path,
+                                                                                                  monkeypatch, why):
     this, _, _ = _sessions(tmp_path, monkeypatch, next_device="cuda" if why == "cuda" else "cpu",
                            reused=why != "not reused")
-    assert ahead.start_next(this, object(), after=("2.12.1", "cpu"), command=_command(0)) is None
+    this._runner.global_config = SimpleNamespace(install_only=why == "install only")
+    assert ahead.start_next(this, object(), after=("2.12.1", "cpu"), watched=[tmp_path / "code"], command=_command(0)) is None
 
 
 def test_the_command_planned_ahead_is_the_one_the_session_runs(tmp_path, monkeypatch):

@@ -67,6 +67,25 @@ def test_no_import_cycle_between_folders():
         visit(name, [])
 
 
+def test_no_module_outside_the_nox_layer_reaches_it():
+    """A cell's key leaves harness/envs/ out of the harness's code (``harness.plan.inputs.harness_files``):
+    sound only while nothing a run, a launch or a rank executes imports or starts it."""
+    from harness.plan.inputs import harness_files
+
+    envs = HARNESS / "envs"
+    for path in MODULES:
+        if envs in path.parents:
+            continue
+        assert path in harness_files()
+        assert not {m for m in _harness_imports(path) if m.startswith("harness.envs")}, path
+        tree = ast.parse(path.read_text())
+        prose = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr)}  # docstrings
+        strings = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+                   and id(n) not in prose]
+        assert not [s for s in strings if "harness.envs" in s or "harness/envs" in s], path
+    assert not [p for p in harness_files() if envs in p.parents]
+
+
 def test_results_and_scenario_scan_need_no_torch():
     """The report, diff and matrix checks run where torch is not installed (nox's own process)."""
     torch_free = [HARNESS / "vocabulary.py", HARNESS / "scenario" / "scan.py", HARNESS / "envs" / "matrix.py",

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Held", "adopt", "held_for", "start_next"]
+__all__ = ["Held", "adopt", "end", "held_for", "start_next", "watched"]
 
 #: (torch, device) -> the held run started for that session (nox runs sessions in one process)
 _HELD: dict[tuple[str, str], Held] = {}
@@ -56,12 +56,17 @@ class Held:
     venv: tuple
     #: its ``--reuse-from`` file (None: nothing to reuse)
     previous: Path | None
+    #: the folders whose Python files it read (``_sources_state``), and what they were
+    watched: tuple[Path, ...]
+    sources: tuple
 
 
 def _die_with_parent() -> None:
-    """In the child: SIGKILL when nox's thread that started it ends (Linux' parent-death signal)."""
+    """In the child: SIGTERM when nox's thread that started it ends (Linux' parent-death signal),
+    which ``harness run`` takes as it takes one from nox: held, it exits having written nothing;
+    running, it ends its cells and finishes its records."""
     with contextlib.suppress(Exception):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def _venv_state(venv: Path) -> tuple:
@@ -80,6 +85,32 @@ def _venv_state(venv: Path) -> tuple:
     return (stat and (stat.st_ino, stat.st_mtime_ns), mark.read_text() if mark.is_file() else None, tuple(dists))
 
 
+def watched(root: Path, matrix: Any) -> list[Path]:
+    """The folders whose code a matrix session's run reads: the project's, the matrix's scenario
+    folders, and the patches module's where it is a path outside them."""
+    folders = [root, *(root / d for d in matrix.scenarios_dirs)]
+    if "/" in matrix.patches or matrix.patches.endswith(".py"):
+        module = root / matrix.patches
+        folders.append(module if module.is_dir() else module.parent)
+    return folders
+
+
+def _sources_state(folders: Sequence[Path]) -> tuple:
+    """Every Python file under ``folders`` (hidden folders, ``runs``, ``reports`` and bytecode
+    left out) with its size and time: an edit (or a pull) since the held run planned, which its
+    keys and its server's imports would not show."""
+    found = []
+    for folder in folders:
+        for top, dirs, files in os.walk(folder):
+            dirs[:] = [d for d in dirs if not d.startswith(".") and d not in ("runs", "reports", "__pycache__")]
+            for name in files:
+                if name.endswith(".py"):
+                    with contextlib.suppress(OSError):
+                        st = os.stat(path := os.path.join(top, name))
+                        found.append((path, st.st_size, st.st_mtime_ns))
+    return tuple(sorted(found))
+
+
 def nox_env(virtualenv: Any, env: Mapping[str, str]) -> dict[str, str] | None:
     """The environment nox's ``session.run(..., env=env)`` gives its command (nox's own
     ``_get_env``, without the ``None`` values it drops); None where this nox has no such method."""
@@ -89,16 +120,30 @@ def nox_env(virtualenv: Any, env: Mapping[str, str]) -> dict[str, str] | None:
     return {k: v for k, v in get(dict(env), include_outer_env=True).items() if v is not None}
 
 
-def start_next(session: Any, matrix: Any, *, after: tuple[str, str],
+def start_next(session: Any, matrix: Any, *, after: tuple[str, str], watched: Sequence[Path],
                command: Callable[..., tuple[list[str], dict[str, str], Path | None]]) -> Held | None:
     """Start the ``harness run`` of the matrix session nox runs after this one, held
     (``command(torch, device, venv)``: its arguments after ``python``, its ``env`` and its
-    ``--reuse-from`` file, carried over by then); None where there is none to start: no next
-    matrix session, not a CPU one, its venv not reused or lacking its installs, or a nox
-    whose environment this cannot know."""
+    ``--reuse-from`` file, carried over by then; ``watched``: the folders of the code it reads);
+    None where there is none to start: no next matrix session, not a CPU one, its venv not
+    reused or lacking its installs, nox only installing (``--install-only``), a nox whose
+    environment this cannot know, or anything failing here (a warning: the next session then
+    runs its own)."""
+    try:
+        return _start_next(session, matrix, after=after, watched=watched, command=command)
+    except Exception as e:  # a convenience: never worth failing this session's run for
+        print(f"warning: the next matrix session's run was not started ahead: {type(e).__name__}: {e}",
+              file=sys.stderr, flush=True)
+        return None
+
+
+def _start_next(session: Any, matrix: Any, *, after: tuple[str, str], watched: Sequence[Path],
+                command: Callable[..., tuple[list[str], dict[str, str], Path | None]]) -> Held | None:
     from harness.envs import prefetch
     from harness.envs.session import installed
 
+    if _install_only(session):
+        return None
     queued = [(cell, runner) for cell, runner in prefetch._queued(session) if cell != after]
     if not queued or queued[0][0][1] != "cpu" or queued[0][0] in _HELD:
         return None
@@ -118,10 +163,17 @@ def start_next(session: Any, matrix: Any, *, after: tuple[str, str],
     # nox derives the rest from the session's venv (PATH, uv's UV_PYTHON, ...): this one's there
     full = {k: v.replace(str(mine), str(venv)) for k, v in full.items()}
     cmd = _held_command(str(venv / "bin" / "python"), args)
+    state, sources = _venv_state(venv), _sources_state(watched)
     proc = subprocess.Popen(cmd, env=full, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, preexec_fn=_die_with_parent)
-    held = _HELD[(torch, device)] = Held(proc=proc, cmd=cmd, env=full, venv=_venv_state(venv), previous=previous)
+                            text=True, errors="replace", preexec_fn=_die_with_parent)
+    held = _HELD[(torch, device)] = Held(proc=proc, cmd=cmd, env=full, venv=state, previous=previous,
+                                         watched=tuple(watched), sources=sources)
     return held
+
+
+def _install_only(session: Any) -> bool:
+    """``nox --install-only``: nox's ``session.run`` runs nothing."""
+    return bool(getattr(getattr(getattr(session, "_runner", None), "global_config", None), "install_only", False))
 
 
 def _held_command(python: str | None, args: Sequence[str]) -> list[str]:
@@ -137,14 +189,17 @@ def held_for(torch: str, device: str) -> Held | None:
 def adopt(session: Any, held: Held, args: Sequence[str], env: Mapping[str, str], replaced: Sequence[Path],
           on_go: Callable[[], None] = lambda: None) -> bool:
     """Run ``held`` as this session's ``session.run("python", *args, env=env)`` where it is
-    exactly that command, still waiting, in a venv as it was: remove ``replaced`` (the records
-    the run replaces), let it go, call ``on_go``, pass its output on, fail the session on its
-    exit code as ``session.run`` would. Whether it was adopted (if not, it has been ended)."""
+    exactly that command, still waiting, in a venv and on code as they were: remove ``replaced``
+    (the records the run replaces), let it go, call ``on_go``, pass its output on, fail the
+    session on its exit code as ``session.run`` would (``CommandFailed``). Whether it was
+    adopted (if not, it has been ended)."""
+    from nox.command import CommandFailed
+
     venv = Path(session.virtualenv.location)
     python = shutil.which("python", path=os.pathsep.join(getattr(session, "bin_paths", None) or [str(venv / "bin")]))
-    want = nox_env(session.virtualenv, env)
-    if (held.proc.poll() is not None or want != held.env or _held_command(python, args) != held.cmd
-            or _venv_state(venv) != held.venv):
+    if (held.proc.poll() is not None or _install_only(session) or nox_env(session.virtualenv, env) != held.env
+            or _held_command(python, args) != held.cmd or _venv_state(venv) != held.venv
+            or _sources_state(held.watched) != held.sources):
         end(held)
         return False
     for path in replaced:
@@ -156,21 +211,40 @@ def adopt(session: Any, held: Held, args: Sequence[str], env: Mapping[str, str],
         held.proc.stdin.close()
     except OSError:  # it ended while this looked: its output and code say why
         pass
-    on_go()
+    code = None
     try:
-        for line in held.proc.stdout:
-            sys.stdout.write(line)
-            sys.stdout.flush()
+        on_go()
+        _relay(held.proc.stdout)
         code = held.proc.wait()
-    except KeyboardInterrupt:  # the terminal's SIGINT reached it too: give it the time nox gives a command
-        try:
-            held.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            held.proc.kill()
-        raise
+    finally:
+        if code is None:  # interrupted (the terminal's SIGINT reached it too) or failed here: let it finish
+            _stop(held.proc)
     if code:
-        session.error(f"Command {' '.join(held.cmd)} failed with exit code {code}")
+        from nox.logger import logger
+
+        logger.error(f"Command {' '.join(held.cmd)} failed with exit code {code}")
+        raise CommandFailed(f"Returned code {code}", return_code=code)
     return True
+
+
+def _relay(stream: Any) -> None:
+    for line in stream:
+        sys.stdout.write(line)
+        sys.stdout.flush()
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """An adopted run this session stops following: SIGTERM (its cells end, its records are
+    finished), the time nox gives a command, then SIGKILL; what it printed meanwhile is shown."""
+    with contextlib.suppress(OSError):
+        proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    with contextlib.suppress(Exception):
+        _relay(proc.stdout)
 
 
 def end(held: Held) -> None:

@@ -176,6 +176,16 @@ def run_version(session: Any, matrix: Matrix, torch: str, device: str, *, root: 
 
     ``-- --runner pytest`` runs the cells as pytest items instead (the plugin in
     ``harness/pytest_plugin.py``), with JUnit XML beside the records."""
+    held = ahead.held_for(torch, device)  # this session's run, started by the session before (harness.envs.ahead)
+    try:
+        _run_version(session, matrix, torch, device, root=root, runs=runs, held=held)
+    finally:
+        if held is not None:  # not adopted (an install failed, the pytest runner), or done
+            ahead.end(held)
+
+
+def _run_version(session: Any, matrix: Matrix, torch: str, device: str, *, root: Path, runs: Path,
+                 held: ahead.Held | None) -> None:
     from nox.command import CommandFailed
 
     try:
@@ -209,10 +219,7 @@ def run_version(session: Any, matrix: Matrix, torch: str, device: str, *, root: 
     out = runs / device / f"torch-{torch}.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
     replaced = [out, *out.parent.glob(f"torch-{torch}-*.jsonl")]  # pytest-xdist writes one file per worker
-    held = ahead.held_for(torch, device)  # this session's run, started by the session before (harness.envs.ahead)
     if runner == "pytest":
-        if held is not None:
-            ahead.end(held)
         carry_over(out)  # kept for a later run of the harness runner
         _run_pytest(session, matrix, device, out, replaced, _env(matrix, torch, device, own, root), rest)
         return
@@ -221,8 +228,8 @@ def run_version(session: Any, matrix: Matrix, torch: str, device: str, *, root: 
     args, env = _run_command(matrix, torch, device, own, root=root, out=out, previous=previous, rest=rest)
 
     def start_next() -> None:  # the next session's run, planned while this one's cells run
-        ahead.start_next(session, matrix, after=(torch, device), command=partial(
-            _next_command, matrix, root=root, runs=runs, rest=rest))
+        ahead.start_next(session, matrix, after=(torch, device), watched=ahead.watched(root, matrix),
+                         command=partial(_next_command, matrix, root=root, runs=runs, rest=rest))
 
     if held is not None and ahead.adopt(session, held, args, env, replaced, on_go=start_next):
         return
@@ -267,7 +274,7 @@ def _next_command(matrix: Matrix, torch: str, device: str, venv: Path, *, root: 
     """``_run_command`` of the matrix session for (``torch``, ``device``) in ``venv``, its
     records carried over now (its records file stays until it is adopted)."""
     out = runs / device / f"torch-{torch}.jsonl"
-    previous = None if matrix.fresh else carry_over(out)
+    previous = carry_over(out)
     args, env = _run_command(matrix, torch, device, harness_folder(venv), root=root, out=out, previous=previous,
                              rest=rest)
     return args, env, previous

@@ -9,7 +9,7 @@ The key (``CellInputs.key``) covers, for every cell:
 * the Python interpreter (version, ``-O``) and the environment variables a cell's outcome may
   depend on (``ENV_PREFIXES``, ``ENV_NAMES``: torch's and its libraries' settings such as
   ``TORCH_DISTRIBUTED_DEBUG``, and the harness's own switches such as ``FSDP_COMPAT_LEDGER=0``);
-* the harness's own code (every ``harness/**/*.py``);
+* the harness's own code (every ``harness/**/*.py`` but the nox layer: ``harness_files``);
 * every distribution installed in the environment (name and version: transformers, the
   ``install:`` entries of ``matrix.yaml``, ...);
 * the scenario's file and every project file it imports, transitively (``scenarios/_models.py``,
@@ -39,7 +39,7 @@ from pathlib import Path
 from harness.plan.cells import Cell
 from harness.undertest.source import PatchSource, is_path
 
-__all__ = ["ENV_NAMES", "ENV_PREFIXES", "PROJECT_ROOT", "CellInputs", "import_closure"]
+__all__ = ["ENV_NAMES", "ENV_PREFIXES", "PROJECT_ROOT", "CellInputs", "harness_files", "import_closure"]
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
@@ -134,9 +134,17 @@ def _environment(environ: Mapping[str, str]) -> str:
     return _digest(sys.version, str(sys.flags.optimize), json.dumps(picked))
 
 
+def harness_files() -> list[Path]:
+    """The harness's own code a cell may run: every ``harness/**/*.py`` but ``harness/envs/``, the
+    nox layer, which no other harness module imports (``tests/test_architecture.py``): it only
+    decides a run's command, environment and installs, each in the key on its own."""
+    envs = PROJECT_ROOT / "harness" / "envs"
+    return [p for p in (PROJECT_ROOT / "harness").rglob("*.py") if envs not in p.parents]
+
+
 @functools.cache
 def _harness_digest() -> str:
-    return _files_digest((PROJECT_ROOT / "harness").rglob("*.py"))
+    return _files_digest(harness_files())
 
 
 @functools.cache
