@@ -149,16 +149,18 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from harness.launch.prestart import started
+    from harness.launch.prestart import in_background, started
 
     config = from_namespace(args)
     progress = None if args.quiet else console.Progress()
+    restore = in_background() if args.hold else None  # before the server starts: it starts as low
     try:
         with _interruptible(), started(config) as server:  # the server imports torch while this process plans
             from harness.launch.pipeline import run
 
+            hold = partial(_await_go, progress, restore, server) if args.hold else None
             result = run(config, on_start=None if args.quiet else partial(console.say_start, shuffle=args.shuffle),
-                         on_record=progress, prestarted=server, hold=partial(_await_go, progress) if args.hold else None,
+                         on_record=progress, prestarted=server, hold=hold,
                          on_load_error=lambda e: print(f"error: {e} (the scenario is recorded as an error and "
                                                        f"skipped)", file=sys.stderr, flush=True),
                          on_warning=lambda w: print(f"warning: {w}", file=sys.stderr, flush=True))
@@ -189,11 +191,14 @@ class _NotLetGo(Exception):
     """``--hold``: the input ended before a line came."""
 
 
-def _await_go(progress: console.Progress | None) -> None:
-    """``--hold``: wait for a line on standard input; the progress clock starts then."""
+def _await_go(progress: console.Progress | None, restore, server) -> None:
+    """``--hold``: wait for a line on standard input; then this process and its server are back
+    at the priority they started with (``prestart.in_background``), and the progress clock starts."""
     print("planned; held until a line comes on standard input (--hold)", file=sys.stderr, flush=True)
     if not sys.stdin.readline():
         raise _NotLetGo
+    if restore is not None:
+        restore([server.proc.pid] if server is not None else [])
     if progress is not None:
         progress.t0 = time.time()
 

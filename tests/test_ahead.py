@@ -2,6 +2,7 @@
 a held run writes nothing until it is let go, and a session adopts only the very command,
 environment and venv it would run."""
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from nox.command import CommandFailed
 from harness.envs import ahead
 from harness.envs.matrix import load_matrix
 from harness.envs.session import _next_command, run_version
+from harness.launch.prestart import BACKGROUND_NICE, may_raise_priority
 from harness.results.reading import load_records
 from tests.support import ROOT, make_record
 from tests.test_session import Recorder
@@ -32,13 +34,25 @@ def _held_run(out: Path) -> subprocess.Popen:
     return proc
 
 
-def test_a_held_run_writes_nothing_until_a_line_lets_it_go(tmp_path):
+def test_a_held_run_writes_nothing_until_a_line_lets_it_go_and_plans_at_a_lower_priority(tmp_path):
     out = tmp_path / "runs" / "cpu" / "torch.jsonl"
+    before = os.getpriority(os.PRIO_PROCESS, 0)
     proc = _held_run(out)
     time.sleep(1.0)
     assert proc.poll() is None and not out.parent.exists()
+    server, = psutil.Process(proc.pid).children()
+    lowered = {p.nice() for p in (psutil.Process(proc.pid), server)}
     proc.stdin.write("go\n")
     proc.stdin.close()
+    restored = set()
+    while proc.poll() is None and not restored:
+        with contextlib.suppress(psutil.Error):
+            restored = {p.nice() for p in (psutil.Process(proc.pid), server)} - lowered
+        time.sleep(0.01)
+    if may_raise_priority(before):
+        assert lowered == {before + BACKGROUND_NICE} and restored == {before}
+    else:  # it could not be put back: nothing is lowered
+        assert lowered == {before}
     assert proc.wait(timeout=300) == 0, proc.stdout.read()[-2000:] + proc.stderr.read()[-2000:]
     records, _ = load_records([out])
     assert [(r.scenario, r.variant, r.status) for r, _ in records] == [("plain", "vanilla", "pass")]
@@ -53,6 +67,18 @@ def test_a_held_run_whose_input_ends_exits_without_writing_and_leaves_no_process
     assert not out.parent.exists()
     _, alive = psutil.wait_procs(below, timeout=10)
     assert not alive
+
+
+def test_what_runs_in_the_background_is_put_back_with_its_children(tmp_path):
+    code = ("import os, subprocess, sys; from harness.launch.prestart import in_background; "
+            "restore = in_background(); child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)']); "
+            "low = (os.getpriority(os.PRIO_PROCESS, 0), os.getpriority(os.PRIO_PROCESS, child.pid)); restore([child.pid]); "
+            "print(*low, os.getpriority(os.PRIO_PROCESS, 0), os.getpriority(os.PRIO_PROCESS, child.pid)); child.kill()")
+    before = os.getpriority(os.PRIO_PROCESS, 0)
+    if not may_raise_priority(before):
+        pytest.skip("this process may not raise a priority again (no CAP_SYS_NICE, RLIMIT_NICE too low)")
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert res.stdout.split() == [str(before + BACKGROUND_NICE)] * 2 + [str(before)] * 2, res.stderr
 
 
 # --------------------------------------------------------------------------- the nox side

@@ -39,10 +39,47 @@ from harness.runconfig import RunConfig
 from harness.undertest.locations import import_root, worker_spec
 from harness.vocabulary import installs_patches
 
-__all__ = ["PROJECT_ROOT", "Forked", "Prestarted", "await_launch", "launch_env", "started", "torchrun_forked", "warm",
-           "worker_paths"]
+__all__ = ["BACKGROUND_NICE", "PROJECT_ROOT", "Forked", "Prestarted", "await_launch", "in_background", "launch_env",
+           "may_raise_priority", "started", "torchrun_forked", "warm", "worker_paths"]
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+#: how much lower a held run (``harness run --hold``) plans and imports than the run whose cells run meanwhile
+BACKGROUND_NICE = 10
+_CAP_SYS_NICE = 23
+
+
+def in_background() -> Callable[[list[int]], None] | None:
+    """Lower this process's CPU priority by ``BACKGROUND_NICE`` (a held run: its planning and its
+    server's imports, started after it and so as low, then leave the cores to the cells of the
+    run before it, whose hang looks count a rank kept waiting for a core as not quiet); returns
+    what puts this process and the given ones (its server) back where they were. None, and
+    nothing lowered, where they could not be put back (neither ``CAP_SYS_NICE`` nor an
+    ``RLIMIT_NICE`` that allows it): the ranks, forked from that server, would then run lower."""
+    before = os.getpriority(os.PRIO_PROCESS, 0)
+    if not may_raise_priority(before):
+        return None
+    os.setpriority(os.PRIO_PROCESS, 0, min(before + BACKGROUND_NICE, 19))
+
+    def restore(others: list[int]) -> None:
+        for pid in [0, *others]:
+            with contextlib.suppress(OSError):  # a server gone meanwhile
+                os.setpriority(os.PRIO_PROCESS, pid, before)
+
+    return restore
+
+
+def may_raise_priority(to: int) -> bool:
+    """Whether this process may set its (or a child's) nice value down to ``to``."""
+    import resource
+
+    try:
+        caps = next(int(line.split()[1], 16) for line in Path("/proc/self/status").read_text().splitlines()
+                    if line.startswith("CapEff:"))
+    except (OSError, StopIteration, ValueError):
+        caps = 0
+    return bool((caps >> _CAP_SYS_NICE) & 1) or resource.getrlimit(resource.RLIMIT_NICE)[0] >= 20 - to
 
 
 def warm(config: RunConfig, device: str) -> bool:
