@@ -79,3 +79,26 @@ def test_the_suite_part_prints_the_bare_start_ratio_and_a_breakdown_that_adds_up
     assert own == pytest.approx(total - sum(cpu.get(k, 0.0) for k in ("build + shard", "training", "reference")),
                                 abs=0.2)
     assert 0 < own < total and abs(share - 100 * own / total) <= 1
+
+
+MATRIX_LOG = """\
+nox > /x/.nox/matrix-torch-2-8-0-device-cpu/bin/python -m harness run --hold --device cpu  (planned while the session before ran its cells)
+[422/430, 8 left,   8.7s] c_vision_skipped_some_ranks[deployed,cpu,w2]         hang      1.35s  no result (a deadlock)
+[426/430, 4 left,  10.7s] c_vision_skipped_some_ranks[patched,cpu,w2]          hang      3.34s  no result (a deadlock)
+c_vision_skipped_some_ranks    deployed cpu     2  hang     hang             yes no result (a deadlock)
+430 cells: crash 11, hang 2, pass 270; 0 not as expected (417 reused: inputs unchanged since an as-expected record; --fresh runs them)
+nox > Session matrix(torch='2.8.0', device='cpu') was successful in 5 seconds.
+"""
+
+
+def test_the_matrix_rerun_bench_reads_sessions_adoptions_reuse_and_hang_cells_from_noxs_log():
+    from bench.matrix_rerun import summary
+
+    assert summary(MATRIX_LOG) == {"sessions": [("2.8.0", "5 seconds")], "adopted": 1, "reused": 417,
+                                   "hangs": [1.35, 3.34]}
+
+
+def test_the_matrix_rerun_bench_needs_the_other_sides_records():
+    out = subprocess.run([sys.executable, "bench/matrix_rerun.py", "--records", "runs", "--against", "HEAD"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "--against needs --against-records" in out.stderr
