@@ -142,3 +142,56 @@ def test_a_rank_waiting_for_a_slow_peer_is_never_taken_for_a_deadlock(tmp_path, 
     """)
     assert all(o["ok"] for o in outs), outs
     assert min(o["after_s"] for o in outs) >= 2.9  # it did wait for the peer
+
+
+LOOP_THREAD = textwrap.dedent("""
+    import json, select, socket, sys, threading, time
+    sys.path.insert(0, {root!r})
+    from harness.rank import deadlock
+    # the main thread's innermost frame as in a collective (only the threads and sockets are looked at here)
+    deadlock._innermost = lambda main_tid: ((1, 1, "/x/torch/distributed/distributed_c10d.py"), False)
+    mode = sys.argv[1]
+    server = socket.create_server(("127.0.0.1", 0))
+    out = socket.create_connection(server.getsockname())
+    inp, _ = server.accept()
+
+    def loop():  # an I/O loop as gloo's: wakes every 10 ms, here spending 3 ms of CPU each time
+        ep = select.epoll()
+        while True:
+            if mode == "sleeps":  # asleep elsewhere than in epoll_wait: its ticks count
+                time.sleep(0.01)
+            else:
+                ep.poll(0.01)
+            end = time.thread_time() + 0.003
+            while time.thread_time() < end:
+                pass
+            if mode == "moves data":  # a byte out and in again each time
+                out.send(b"x")
+                inp.recv(64)
+
+    threading.Thread(target=loop, daemon=True).start()
+    looks = []
+
+    def watchdog():
+        time.sleep(0.3)
+        for _ in range(6):
+            looks.append(deadlock._look(threading.main_thread().ident, threading.get_native_id()))
+            time.sleep(deadlock.LOOK_S)
+        done.set()
+
+    done = threading.Event()
+    threading.Thread(target=watchdog).start()
+    done.wait()
+    print(json.dumps(dict(none=sum(x is None for x in looks), distinct=len({{repr(x) for x in looks}}))))
+""")
+
+
+@pytest.mark.parametrize("mode", ["polls", "moves data", "sleeps"])
+def test_an_io_loops_idle_polls_do_not_break_a_quiet_stretch_but_its_traffic_or_other_work_does(tmp_path, mode):
+    (tmp_path / "loop.py").write_text(LOOP_THREAD.format(root=str(ROOT)))
+    res = subprocess.run([sys.executable, str(tmp_path / "loop.py"), mode], capture_output=True, text=True, timeout=60)
+    seen = json.loads(res.stdout.strip().splitlines()[-1])
+    if mode == "polls":  # asleep in epoll_wait at each look, ticks charged, no byte moved: one quiet look throughout
+        assert seen == {"none": 0, "distinct": 1}, seen
+    else:  # bytes moved, or a thread not in epoll_wait spent CPU: the looks differ
+        assert seen["distinct"] > 1 or seen["none"] == 6, seen

@@ -12,6 +12,13 @@ peer is done or has been quiet as long, the slot has had a common stretch of at 
 ``QUIET_S - LOOK_S`` in which no rank ran, so nothing was sent and nothing was in flight:
 no rank can wake any more, and the watchdog ends the cell as a hang at once.
 
+An I/O loop thread (gloo's TCP loop: asleep in ``epoll_wait`` at the look) polls every 10 ms, and
+now and then the tick accounting charges it a tick: its own ticks do not count while none of
+the process's TCP sockets has moved a byte since the last look (``TCP_INFO``'s bytes received
+and acknowledged, nothing unread or unsent): without data in or out it only polled. Where the
+sockets cannot be read, its ticks count as any thread's. A thread found runnable is looked at
+again a few times within ``SETTLE_S`` before the look gives up.
+
 A quiet note is rewritten at every look (``<cell> <since> <last look>``) and counts only
 while fresh; it is cleared when the rank leaves user code. Only CPU cells with peers: on a
 GPU a host thread sleeps while the device works. A Python thread of the rank's own (a timer
@@ -24,8 +31,14 @@ machine leave no files here, so such a slot waits for its deadline as before.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
+import platform
+import socket
+import struct
 import sys
+import termios
 import threading
 import time
 from dataclasses import dataclass
@@ -42,6 +55,11 @@ LOOK_S = 0.25
 QUIET_S = 1.0
 #: a peer's note older than this says nothing (its watchdog could not look: the GIL held, descheduled)
 STALE_S = 3 * LOOK_S
+#: how long a look waits for a runnable thread to go back to sleep (an I/O loop's poll takes microseconds)
+SETTLE_S = 0.01
+#: the epoll_wait family's syscall numbers (``/proc/<tid>/syscall``) per machine; elsewhere no thread is an I/O loop
+_EPOLL_WAITS = {"x86_64": {"232", "281", "441"}, "aarch64": {"22", "441"}}.get(platform.machine(), set())
+_SIOCOUTQ = 0x5411
 
 
 @dataclass(kw_only=True)
@@ -96,25 +114,94 @@ class Slot:
 
 
 def _look(main_tid: int | None, watchdog_tid: int | None) -> tuple | None:
-    """(main frame, its line, the process's CPU ticks) when quiet; None when not."""
+    """(main frame, its line, each other thread's CPU ticks, the I/O loop threads, the process's
+    TCP traffic) when quiet; None when not."""
     innermost, others = _innermost(main_tid)
     # the innermost Python frame itself: a patch sleeping inside a torch.distributed call is not quiet
     if innermost is None or f"{os.sep}torch{os.sep}distributed{os.sep}" not in innermost[2]:
         return None
     if others:
         return None  # a Python thread of the rank's own may still act (a timer, a retry)
-    ticks = 0
+    main = next((str(t.native_id) for t in threading.enumerate() if t.ident == main_tid), None)
+    threads, loops = [], []
     try:
-        for task in Path("/proc/self/task").iterdir():
+        for task in sorted(Path("/proc/self/task").iterdir()):
             if task.name == str(watchdog_tid):
                 continue
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-            if fields[0] != "S":
+            ticks = _asleep(task)
+            if ticks is None:
                 return None
-            ticks += int(fields[11]) + int(fields[12])
+            if task.name != main and _in_epoll_wait(task):
+                loops.append((task.name, ticks))
+            else:
+                threads.append((task.name, ticks))
     except (OSError, IndexError, ValueError):
         return None  # a thread ended between listing and reading it, or no /proc: not quiet
-    return innermost[0], innermost[1], ticks
+    traffic = _tcp_traffic() if loops else ()
+    if traffic is _MOVING:
+        return None
+    if traffic is None:  # no way to tell its polls from its work: its ticks count
+        threads, loops = sorted(threads + loops), []
+    return innermost[0], innermost[1], tuple(threads), tuple(tid for tid, _ in loops), traffic
+
+
+def _asleep(task: Path) -> int | None:
+    """The thread's CPU ticks where it is asleep (looked at again for up to ``SETTLE_S`` while it
+    is runnable); None where it is not."""
+    deadline = time.monotonic() + SETTLE_S
+    while True:
+        fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        if fields[0] == "S":
+            return int(fields[11]) + int(fields[12])
+        if fields[0] != "R" or time.monotonic() >= deadline:
+            return None
+        time.sleep(0.001)
+
+
+def _in_epoll_wait(task: Path) -> bool:
+    """Whether the thread sleeps in the epoll_wait family (an I/O loop waiting for its sockets)."""
+    with contextlib.suppress(OSError, IndexError):
+        return (task / "syscall").read_text().split()[0] in _EPOLL_WAITS
+    return False
+
+
+#: ``_tcp_traffic``: bytes wait unread or unsent on a socket
+_MOVING: tuple = ("moving",)
+
+
+def _tcp_traffic() -> tuple | None:
+    """Per TCP socket of this process: bytes received and acknowledged so far (``TCP_INFO``);
+    ``_MOVING`` where bytes wait unread or unsent; None where that cannot be read."""
+    found = []
+    try:
+        fds = sorted(int(fd) for fd in os.listdir("/proc/self/fd"))
+    except OSError:
+        return None
+    for fd in fds:
+        try:
+            if not os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+                continue
+        except OSError:
+            continue  # closed meanwhile (the listing's own fd among them)
+        try:
+            with socket.socket(fileno=os.dup(fd)) as sock:
+                if sock.type != socket.SOCK_STREAM or sock.family not in (socket.AF_INET, socket.AF_INET6):
+                    continue
+                if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+                    found.append((fd, "listening"))  # moves no data; a connection it accepts is a new socket
+                    continue
+                info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
+                if len(info) < 136:
+                    return None
+                acked, received = struct.unpack_from("QQ", info, 120)
+                unread = struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0" * 4))[0]
+                unsent = struct.unpack("i", fcntl.ioctl(sock.fileno(), _SIOCOUTQ, b"\0" * 4))[0]
+        except OSError:
+            return None
+        if unread or unsent:
+            return _MOVING  # bytes on their way: not quiet
+        found.append((fd, acked, received))
+    return tuple(found) or None
 
 
 def _innermost(main_tid: int | None) -> tuple[tuple[int, int, str] | None, bool]:
