@@ -17,7 +17,8 @@ now and then the tick accounting charges it a tick: its own ticks do not count w
 the process's TCP sockets has moved a byte since the last look (``TCP_INFO``'s bytes received
 and acknowledged, nothing unread or unsent): without data in or out it only polled. Where the
 sockets cannot be read, its ticks count as any thread's. A thread found runnable is looked at
-again a few times within ``SETTLE_S`` before the look gives up.
+again a few times within ``SETTLE_S`` before the look gives up (the main thread
+found running ends the look at once: that is a cell's own work, and the look must not hold it up).
 
 A quiet note is rewritten at every look (``<cell> <since> <last look>``) and counts only
 while fresh; it is cleared when the rank leaves user code. Only CPU cells with peers: on a
@@ -55,8 +56,9 @@ LOOK_S = 0.25
 QUIET_S = 1.0
 #: a peer's note older than this says nothing (its watchdog could not look: the GIL held, descheduled)
 STALE_S = 3 * LOOK_S
-#: how long a look waits for a runnable thread to go back to sleep (an I/O loop's poll takes microseconds)
-SETTLE_S = 0.01
+#: how long a look waits for a runnable thread other than the main one to go back to sleep (an I/O
+#: loop's poll takes microseconds)
+SETTLE_S = 0.005
 #: the epoll_wait family's syscall numbers (``/proc/<tid>/syscall``) per machine; elsewhere no thread is an I/O loop
 _EPOLL_WAITS = {"x86_64": {"232", "281", "441"}, "aarch64": {"22", "441"}}.get(platform.machine(), set())
 _SIOCOUTQ = 0x5411
@@ -125,10 +127,11 @@ def _look(main_tid: int | None, watchdog_tid: int | None) -> tuple | None:
     main = next((str(t.native_id) for t in threading.enumerate() if t.ident == main_tid), None)
     threads, loops = [], []
     try:
-        for task in sorted(Path("/proc/self/task").iterdir()):
+        # the main thread first and once: running (a cell's own work), it ends the look at once
+        for task in sorted(Path("/proc/self/task").iterdir(), key=lambda t: (t.name != main, t.name)):
             if task.name == str(watchdog_tid):
                 continue
-            ticks = _asleep(task)
+            ticks = _asleep(task, settle=SETTLE_S if task.name != main else 0.0)
             if ticks is None:
                 return None
             if task.name != main and _in_epoll_wait(task):
@@ -145,10 +148,10 @@ def _look(main_tid: int | None, watchdog_tid: int | None) -> tuple | None:
     return innermost[0], innermost[1], tuple(threads), tuple(tid for tid, _ in loops), traffic
 
 
-def _asleep(task: Path) -> int | None:
-    """The thread's CPU ticks where it is asleep (looked at again for up to ``SETTLE_S`` while it
-    is runnable); None where it is not."""
-    deadline = time.monotonic() + SETTLE_S
+def _asleep(task: Path, settle: float) -> int | None:
+    """The thread's CPU ticks where it is asleep (looked at again for up to ``settle`` seconds
+    while it is runnable); None where it is not."""
+    deadline = time.monotonic() + settle
     while True:
         fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
         if fields[0] == "S":
