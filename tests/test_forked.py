@@ -231,9 +231,12 @@ def test_the_judge_killed_by_a_signal_judges_in_the_worker(zygote):
 
 
 def test_a_rank_that_reported_before_dying_keeps_its_report(zygote):
-    z, run, _ = zygote
+    z, run, pids = zygote
     assert z.run_cell(run, _cell(2), slot_rank0=0, rank=0, t0=time.time()) is True
-    assert (_status(run, 2, 0).exc_type, _status(run, 2, 0).exc_msg) == ("RuntimeError", "own report")
+    status = _status(run, 2, 0)
+    # seen once in CI (2026-12-07) with no status at all: say whether the zygote forked and lived
+    assert status is not None, (run.calls, pids, psutil.pid_exists(z.pid))
+    assert (status.exc_type, status.exc_msg) == ("RuntimeError", "own report")
     assert run.calls == [("judge", 2, 0, True)]
 
 
