@@ -9,6 +9,17 @@ import pytest  # noqa: E402
 
 from tests.support import ROOT  # noqa: E402
 
+#: test files that fork a zygote from the test process itself. ``Zygote.start`` must be called before
+#: the process starts threads (a rank's worker forks its zygote first). A pytest worker's earlier
+#: tests leave threads behind (stores' servers, thread pools). Twice in clean-clone CI runs on
+#: 2026-12-07, a zygote forked late in a worker never sent its first reply (no cell process forked
+#: in 30 s, the zygote alive). So these files run first, ahead of the rest of the collection.
+FORK_FIRST = ("test_forked.py",)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    items.sort(key=lambda item: item.path.name not in FORK_FIRST)  # stable: the rest keep their order
+
 
 def pytest_sessionstart(session):
     import time
