@@ -48,7 +48,7 @@ from pathlib import Path
 from harness.plan.cells import Cell
 from harness.protocol import LaunchPlan
 
-__all__ = ["LOOK_S", "QUIET_S", "STALE_S", "Slot"]
+__all__ = ["LOOK_S", "QUIET_S", "STALE_S", "Slot", "socket_fds"]
 
 #: how often a rank looks
 LOOK_S = 0.25
@@ -168,6 +168,17 @@ def _in_epoll_wait(task: Path) -> bool:
     return False
 
 
+def socket_fds() -> list[int]:
+    """This process's file descriptors that are sockets, in order (Linux: ``/proc/self/fd``; ``OSError``
+    where it cannot be listed). One closed meanwhile is left out (the listing's own among them)."""
+    found = []
+    for fd in sorted(int(fd) for fd in os.listdir("/proc/self/fd")):
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+                found.append(fd)
+    return found
+
+
 #: ``_tcp_traffic``: bytes wait unread or unsent on a socket
 _MOVING: tuple = ("moving",)
 
@@ -177,15 +188,10 @@ def _tcp_traffic() -> tuple | None:
     ``_MOVING`` where bytes wait unread or unsent; None where that cannot be read."""
     found = []
     try:
-        fds = sorted(int(fd) for fd in os.listdir("/proc/self/fd"))
+        fds = socket_fds()
     except OSError:
         return None
     for fd in fds:
-        try:
-            if not os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
-                continue
-        except OSError:
-            continue  # closed meanwhile (the listing's own fd among them)
         try:
             with socket.socket(fileno=os.dup(fd)) as sock:
                 if sock.type != socket.SOCK_STREAM or sock.family not in (socket.AF_INET, socket.AF_INET6):

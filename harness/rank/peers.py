@@ -22,6 +22,7 @@ from typing import Any
 import torch.distributed as dist
 
 from harness.protocol import CellKeys, phase_key
+from harness.rank.deadlock import socket_fds
 from harness.rank.watchdog import CellTimeout, Watchdog
 from harness.results.outcome import CellOutcome
 from harness.vocabulary import Failure
@@ -185,13 +186,11 @@ def shutdown_peer_sockets() -> bool:
     store_port = int(os.environ.get("MASTER_PORT", "0"))
     shut = False
     try:
-        fds = [int(fd) for fd in os.listdir("/proc/self/fd")]
+        fds = socket_fds()
     except OSError:
         return False
     for fd in fds:
         try:
-            if not os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
-                continue
             s = socket.socket(fileno=os.dup(fd))
         except OSError:
             continue
