@@ -2,7 +2,12 @@ import contextlib
 import os
 import sys
 
-from harness.cli import main
+from harness.process import collector
+
+if sys.argv[1:2] == ["run"]:  # it imports torch and plans before its cells (harness.process.collector)
+    collector.pause()  # until harness.launch.pipeline.run has planned
+
+from harness.cli import main  # noqa: E402
 
 code = main()
 # Every record and file is written and every process of the run has ended by now. The

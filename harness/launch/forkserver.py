@@ -37,6 +37,8 @@ import struct
 import sys
 from pathlib import Path
 
+from harness.process import collector
+
 __all__ = ["command", "rank", "serve"]
 
 #: the signals a rank program passes on to its worker
@@ -117,7 +119,6 @@ def _exit_as(status: int) -> None:
     """Exit with the worker's wait ``status``: its code, or killed by its signal (no core file)."""
     if os.WIFSIGNALED(status):
         import resource
-
         sig = os.WTERMSIG(status)
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         signal.signal(sig, signal.SIG_DFL)
@@ -128,7 +129,6 @@ def _exit_as(status: int) -> None:
 
 def _die_with_parent() -> None:
     import ctypes
-
     ctypes.CDLL(None).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
 
 
@@ -138,7 +138,7 @@ def serve(name: str, plan_path: str | None, torchrun: list[str], warmth: dict | 
     asks; exit as torchrun did. ``warmth``: what a prestarted server imports before its plan (``await_launch``)."""
     import selectors
     import subprocess
-
+    collector.pause()  # until the warm-up's end (harness.rank.worker.warm_up)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind("\0" + name)
     listener.listen(64)

@@ -17,6 +17,7 @@ from harness.launch.outpath import prepare_out
 from harness.launch.prestart import Prestarted
 from harness.plan.cells import Cell, all_patch_names, plan_cells
 from harness.plan.inputs import CellInputs
+from harness.process import collector
 from harness.results.outcome import CellOutcome
 from harness.results.record import Record, append, finish, new_record
 from harness.runconfig import RunConfig
@@ -97,6 +98,7 @@ def run(config: RunConfig, *, on_start: Callable[[int, Path], None] | None = Non
     records = known(config, config.records_file)
     if hold is not None:
         hold()
+    collector.settle()  # what ``python -m harness`` imported and planned, out of the collector's view
     total = len(cells) + len(broken)
     opts = LaunchOptions(config=config, patches_module_id=planned.module_id, prestarted=prestarted,
                          on_record=(lambda rec: on_record(rec, total)) if on_record else None)

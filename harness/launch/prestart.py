@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness.process import collector
 from harness.runconfig import RunConfig
 from harness.undertest.locations import import_root, worker_spec
 from harness.vocabulary import installs_patches
@@ -250,6 +251,7 @@ def torchrun_forked(torchrun: list[str], listener: socket.socket, preexec) -> Fo
     try:
         listener.close()
         preexec()
+        collector.settle()  # the server may still be warming up with its collector paused: torchrun's agent lives on
         sys.argv = ["torchrun", *torchrun[3:]]
         from torch.distributed.run import main
 

@@ -31,6 +31,7 @@ from collections.abc import Iterable
 import torch
 
 from harness.plan.cells import Cell
+from harness.process import collector
 from harness.process.cpus import pin_rank
 from harness.process.tree import die_with_parent
 from harness.protocol import LaunchPlan, stage_done
@@ -107,6 +108,7 @@ def warm_up(plan: LaunchPlan, cells: list[Cell], loaded: tuple | None = None) ->
     # in the collector's view, every full collection walks them again (a cell that
     # collects per step, ``harness.train.resources``: 0.3-0.5 s each, tens of ms frozen)
     gc.freeze()
+    collector.settle()  # a server paused it for these imports (harness.process.collector)
     _WARM["scenarios"] = scenarios
     return scenarios
 
