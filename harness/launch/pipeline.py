@@ -10,20 +10,24 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from harness.launch.incremental import known, reuse
 from harness.launch.launcher import LaunchOptions, RunResult, run_cells
 from harness.launch.outpath import prepare_out
 from harness.launch.prestart import Prestarted
+from harness.plan import saved
 from harness.plan.cells import Cell, all_patch_names, plan_cells
 from harness.plan.inputs import CellInputs
 from harness.process import collector
 from harness.results.outcome import CellOutcome
 from harness.results.record import Record, append, finish, new_record
 from harness.runconfig import RunConfig
-from harness.scenario.load import LoadError, load_scenarios, select
 from harness.undertest.source import PatchSource, check_patch_names, deployed_patches, locate, near_misses
 from harness.vocabulary import DEFAULT_MODULE, Failure
+
+if TYPE_CHECKING:  # loading scenarios imports torch: only a plan not saved before does (harness.plan.saved)
+    from harness.scenario.load import LoadError
 
 __all__ = ["Planned", "plan", "run"]
 
@@ -42,13 +46,38 @@ class Planned:
     module_path: Path | None = None
     #: near misses between the module's functions and the patch names (``near_misses``)
     warnings: list[str] = field(default_factory=list)
+    #: the key to keep this plan under, where it was made from scratch (``harness.plan.saved``)
+    to_save: str | None = None
 
 
-def plan(config: RunConfig) -> Planned:
+def plan(config: RunConfig, *, saved_beside: Path | None = None) -> Planned:
     """The cells of ``config``, checked: ``ValueError`` (one line) for a bad request, before
-    anything starts. Shared by ``harness run`` and the pytest plugin."""
+    anything starts. Shared by ``harness run`` and the pytest plugin. ``saved_beside``: the
+    records file of a run whose plan is kept (``harness.plan.saved``): the plan saved there with
+    the same inputs is taken instead of planning (not under ``--fresh``); a new one is to be saved
+    (``Planned.to_save``: ``run`` keeps it once it may write)."""
     if config.expect_torch:
         _check_torch(config.expect_torch)
+    key = saved.plan_key(config) if saved_beside is not None else None
+    if key is not None and not config.fresh and (kept := saved.load(saved_beside, key)) is not None:
+        path = kept.get("module_path")
+        return Planned(config=config, cells=kept["cells"], module_id=kept.get("module_id", ""),
+                       module_path=Path(path) if path else None, warnings=kept.get("warnings", []))
+    planned = _plan(config)
+    planned.to_save = key if not planned.broken else None
+    return planned
+
+
+def _save(planned: Planned, out: Path) -> None:
+    """Keep a plan made from scratch beside ``out`` (``harness.plan.saved``)."""
+    if planned.to_save is not None:
+        saved.save(out, planned.to_save, planned.cells, module_id=planned.module_id, warnings=planned.warnings,
+                   module_path=str(planned.module_path) if planned.module_path else None)
+
+
+def _plan(config: RunConfig) -> Planned:
+    from harness.scenario.load import load_scenarios, select
+
     library = load_scenarios(config.scenario_dirs)
     broken = [e for e in library.errors if not config.scenarios or e.name in config.scenarios]
     wanted = [n for n in config.scenarios if n not in {e.name for e in broken}]
@@ -91,7 +120,7 @@ def run(config: RunConfig, *, on_start: Callable[[int, Path], None] | None = Non
     started before this process imported torch, for the first CPU launch (``harness.launch.prestart``).
     ``hold``: called once planned and the reusable records read, before anything is written
     (``harness run --hold``: it returns when let go)."""
-    planned = plan(config)
+    planned = plan(config, saved_beside=config.records_file)
     for warning in planned.warnings if on_warning else []:
         on_warning(warning)
     cells, broken = planned.cells, planned.broken
@@ -99,6 +128,7 @@ def run(config: RunConfig, *, on_start: Callable[[int, Path], None] | None = Non
     if hold is not None:
         hold()
     collector.settle()  # what ``python -m harness`` imported and planned, out of the collector's view
+    _save(planned, config.records_file)
     total = len(cells) + len(broken)
     opts = LaunchOptions(config=config, patches_module_id=planned.module_id, prestarted=prestarted,
                          on_record=(lambda rec: on_record(rec, total)) if on_record else None)

@@ -8,9 +8,12 @@ from the cell alone (``harness.plan.placement`` groups cells into launches).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from harness.scenario.spec import Scenario
 from harness.vocabulary import DEVICES, FAULT_NAMES, VARIANTS
+
+if TYPE_CHECKING:  # not imported: a run whose plan was saved reads its cells without torch (harness.plan.saved)
+    from harness.scenario.spec import Scenario
 
 #: per-cell timeout when neither the scenario nor the run sets one
 DEFAULT_TIMEOUT_S = 30.0

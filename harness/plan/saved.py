@@ -1,0 +1,127 @@
+"""A run's plan, saved by what it was made from, and taken again while all of that is unchanged.
+
+Planning a run loads every scenario file, and a scenario file imports torch (and the hf_ pack
+transformers): in ``harness run``'s own process that cost about 1.5 s of CPU, once per version
+in ``nox -s matrix``, even where every cell is then answered by a record on disk
+(``harness.launch.incremental``). The cells a plan holds are plain data (names, sizes,
+expectations and each cell's key), so they are saved (``save``) under a key of everything the
+planning step reads, and a later run with the same key takes them (``load``) without loading
+a scenario or importing torch.
+
+The key (``plan_key``) covers what a cell's key covers (``harness.plan.inputs``: the torch build,
+the installs, the machine, the interpreter and environment, the harness's code) and, for the
+whole plan at once: the run's options (all but where its records go and what it reuses), every
+file in the scenario folders with the files they import, and every file of the module under
+test (and of the project's own, whose names are known whatever module is tested). A plan whose
+scenario files failed to load is not saved; ``--fresh`` plans from scratch. Plans are files
+named by their key, beside the run's records (``.plans/``), the newest ``KEEP`` kept.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from harness.plan.cells import Cell
+from harness.plan.inputs import (
+    PROJECT_ROOT,
+    _digest,
+    _environment,
+    _files_digest,
+    _harness_digest,
+    _installs,
+    _machine,
+    _torch_build,
+    import_closure,
+)
+from harness.runconfig import RunConfig
+
+__all__ = ["KEEP", "folder", "load", "plan_key", "save"]
+
+#: plans kept per folder (one per version and matrix in ``nox -s matrix``)
+KEEP = 32
+#: run options that do not change the plan: where its records go and what it may reuse
+_NOT_PLANNED = ("out", "run_id", "reuse_from", "fresh")
+_FORMAT = 1
+
+
+def folder(out: Path) -> Path:
+    """Where the plans of a run writing ``out`` are kept."""
+    return out.parent / ".plans"
+
+
+def _scenario_files(config: RunConfig) -> list[Path]:
+    """Every Python file of the project's scenario folder and of ``config``'s extra folders,
+    with every project file each imports (a helper, a model beside them)."""
+    dirs = [PROJECT_ROOT / "scenarios", *(Path(d).resolve() for d in config.scenario_dirs)]
+    files: set[Path] = set()
+    for d in dirs:
+        for f in d.rglob("*.py") if d.is_dir() else []:
+            if "__pycache__" not in f.parts:
+                files |= import_closure(f, [PROJECT_ROOT, d], skip=("harness", "torch"))
+    return sorted(files)
+
+
+def _module_files(spec: str) -> list[Path]:
+    """Every file of the module under test's folder (or its one file)."""
+    from harness.undertest.source import locate
+
+    root = locate(spec).path.resolve()
+    if root.is_file():
+        return [root]
+    return sorted(f for f in root.rglob("*") if f.is_file() and "__pycache__" not in f.parts)
+
+
+def plan_key(config: RunConfig) -> str | None:
+    """The key of ``config``'s plan; None where some input cannot be read (the run plans, and says why)."""
+    from harness.vocabulary import DEFAULT_MODULE
+
+    options = {k: v for k, v in config.to_json().items() if k not in _NOT_PLANNED}
+    try:
+        modules = [_module_files(spec) for spec in dict.fromkeys((config.patches, DEFAULT_MODULE))]
+        return _digest(str(_FORMAT), json.dumps(options, sort_keys=True, default=str), _torch_build(), _installs(),
+                       *(_machine(d) for d in sorted(set(config.devices))), _environment(os.environ),
+                       _harness_digest(), _files_digest(_scenario_files(config)),
+                       *(_files_digest(m) for m in modules))
+    except (OSError, ValueError):
+        return None
+
+
+def load(out: Path, key: str | None) -> dict[str, Any] | None:
+    """The plan saved under ``key`` for a run writing ``out``: its cells and what ``save`` kept
+    beside them; None where there is none (or it cannot be read)."""
+    if key is None:
+        return None
+    path = folder(out) / f"{key}.json"
+    try:
+        data = json.loads(path.read_text())
+        if data.get("key") != key:
+            return None
+        data["cells"] = [Cell.from_dict(c) for c in data["cells"]]
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    with contextlib.suppress(OSError):
+        os.utime(path)  # the newest are kept
+    return data
+
+
+def save(out: Path, key: str | None, cells: list[Cell], **beside: Any) -> None:
+    """Keep ``cells`` (and the JSON values ``beside``) under ``key``; the oldest plans beyond
+    ``KEEP`` go. Nothing is kept where the folder cannot be written."""
+    if key is None:
+        return
+    where = folder(out)
+    try:
+        where.mkdir(parents=True, exist_ok=True)
+        tmp = where / f".{key}.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps({"key": key, "cells": [dataclasses.asdict(c) for c in cells], **beside}))
+        tmp.replace(where / f"{key}.json")
+        kept = sorted(where.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+        for old in kept[KEEP:]:
+            old.unlink(missing_ok=True)
+    except OSError:
+        return
