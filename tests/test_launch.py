@@ -61,6 +61,10 @@ def test_faults_are_classified_within_their_timeout_and_later_cells_run(tmp_path
     assert len((tmp_path / "r.jsonl").read_text().splitlines()) == len(cells)
     assert wall < 2 * timeout + 60
     assert _descendants_of_launches(tmp_path) == []
+    # what the ranks handed the referee (snapshots, verdicts) went with the launch; its log and plan stay
+    left = sorted(p.name for p in (tmp_path / "logs").iterdir())
+    assert any(n.endswith(".log") for n in left) and any(n.endswith(".json") for n in left), left
+    assert not [n for n in left if n.endswith((".observed.pt", ".verdict.json", ".references"))], left
 
 
 def test_non_finite_reference_means_a_wrong_scenario_and_fsdp_only_nan_a_mismatch(tmp_path):

@@ -5,12 +5,11 @@ launch's progress file (cell starts, with their ranks) and the records file. A c
 still open ``timeout_s + grace_s`` after its start (stuck where the worker's own
 watchdog cannot reach) gets the launch killed and is recorded as a hang, with where each
 of its ranks was; a launch that dies (a rank aborts) gets the cell on the dead rank
-recorded as a crash. Cells that were running beside them, or not yet started, run in a
-new launch. Every process a launch starts is reaped on every path (``harness.process.tree``): a normal end,
-a timeout, a crash, an exception in the harness, SIGINT or SIGTERM; so is every process the
-code under test started, reparented ones included (this process is a child subreaper while
-cells run). On a signal the run stops launching, reaps, and returns what finished; nothing
-writes to the records file after that.
+recorded as a crash. Cells that were running beside them, or not yet started, run in a new launch.
+Every process a launch starts is reaped on every path (``harness.process.tree``): a normal end, a timeout, a
+crash, an exception in the harness, SIGINT or SIGTERM; so is every process the code under test started, reparented
+ones included (this process is a child subreaper while cells run). On a signal the run stops launching, reaps, and
+returns what finished; nothing writes to the records file after that. What the launch's processes handed each other goes.
 
 A rank that code under test ended (``os._exit`` in a patch) notes its exit code and phase;
 its cell is recorded as a crash naming the rank, the code and the phase.
@@ -29,7 +28,7 @@ from typing import Any
 
 from harness.launch import forkserver
 from harness.launch.follow import LaunchFollower
-from harness.launch.outpath import prepare_out
+from harness.launch.outpath import drop_handoff, prepare_out
 from harness.launch.prestart import PROJECT_ROOT, Prestarted, launch_env, warm, worker_paths
 from harness.plan.cells import Cell
 from harness.plan.placement import group_into_launches, stages
@@ -165,6 +164,7 @@ def _launch(cells: list[Cell], opts: LaunchOptions, result: RunResult) -> list[C
         killed_for, crashed = _follow(proc, plan, log_path, watch, by_index, opts, result, sessions)
     finally:  # whatever happened, nothing of this launch outlives it, nor what the code under test started
         procs.end_launch(proc, known_sessions=sessions, children_before=children_before)
+        drop_handoff(plan)
     for rec in watch.new_records():
         _accept(rec, result, opts)
     if result.signal is not None:
