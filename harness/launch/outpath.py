@@ -1,21 +1,40 @@
 """Where a run writes: the records file and the launch folder, made ready before anything
 starts, or a ``ValueError`` (one line) naming why they cannot be; and what a launch handed
-between its processes, dropped once the launch is over (``drop_handoff``)."""
+between its processes, dropped once the launch is over (``drop_handoff``).
+
+The launch folder is kept bounded: each run's start removes the files of launches beyond the
+newest ``KEEP_LAUNCHES`` (and what launches before ``drop_handoff`` left of their hand-off),
+never of a launch whose plan, log or progress moved in the last ``IDLE_S`` (another run may be in
+it). No record names a launch's files: they are its diagnostics (log, plan, progress, phases, crashes).
+"""
 
 from __future__ import annotations
 
+import re
 import shutil
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from harness.protocol import LaunchPlan
 
-__all__ = ["drop_handoff", "prepare_out"]
+__all__ = ["IDLE_S", "KEEP_LAUNCHES", "drop_handoff", "prepare_out"]
+
+#: launches whose files a launch folder keeps (one a version per ``nox -s matrix``, more after a relaunch)
+KEEP_LAUNCHES = 20
+#: a launch that wrote a file this recently is left alone, whatever its age
+IDLE_S = 3600.0
+#: a launch's plan file (``harness.protocol.LaunchPlan.plan_file``): ``<run id>-L<n>[-<hex>].json``
+_PLAN = re.compile(r"(?P<launch>.+-L\d+(?:-[0-9a-f]{6})?)\.json")
+#: the launch a file of the folder belongs to: its name up to the first dot after the launch id
+_OWNER = re.compile(r"(?P<launch>.+?-L\d+(?:-[0-9a-f]{6})?)\.")
+#: what a launch hands between its processes (``drop_handoff``), by name
+_HANDOFF = re.compile(r"\.cell\d+\.(?:observed\.pt|verdict\.json)|\.references")
 
 
 def prepare_out(out: Path, log_dir: Path) -> None:
-    """Create ``out``'s folder, ``log_dir`` and ``out`` itself (appended to later)."""
+    """Create ``out``'s folder, ``log_dir`` and ``out`` itself (appended to later); prune ``log_dir``."""
     for folder in (out.parent, log_dir):
         try:
             folder.mkdir(parents=True, exist_ok=True)
@@ -23,6 +42,7 @@ def prepare_out(out: Path, log_dir: Path) -> None:
             blocker = next((p for p in [folder, *folder.parents] if p.exists() and not p.is_dir()), None)
             why = f"{blocker} is a file, not a folder" if blocker else (e.strerror or type(e).__name__)
             raise ValueError(f"--out {out}: cannot create the folder {folder}: {why}") from None
+    _prune(log_dir)
     try:
         with open(out, "a"):
             pass
@@ -40,3 +60,32 @@ def drop_handoff(plan: LaunchPlan) -> None:
         plan.observed_file(cell.index).unlink(missing_ok=True)
         plan.verdict_file(cell.index).unlink(missing_ok=True)
     shutil.rmtree(plan.references_folder(), ignore_errors=True)
+
+
+def _prune(log_dir: Path, *, keep: int = KEEP_LAUNCHES, idle_s: float = IDLE_S) -> None:
+    """Remove the files of ``log_dir``'s launches beyond the newest ``keep`` and the hand-off
+    of the others, leaving alone any launch that wrote within ``idle_s``; what cannot be
+    removed stays."""
+    try:
+        entries = list(log_dir.iterdir())
+    except OSError:
+        return
+    launches: dict[str, list[Path]] = {m["launch"]: [] for e in entries if (m := _PLAN.fullmatch(e.name))}
+    for e in entries:
+        if (m := _OWNER.match(e.name)) and m["launch"] in launches:
+            launches[m["launch"]].append(e)
+
+    def last_write(launch: str) -> float:  # its plan, log and progress: the progress moves at each cell's start
+        times = [f.stat().st_mtime for f in (log_dir / f"{launch}.{x}" for x in ("json", "log", "progress")) if f.exists()]
+        return max(times, default=0.0)
+
+    now, newest = time.time(), sorted(launches, key=last_write, reverse=True)
+    for n, launch in enumerate(newest):
+        files = launches[launch]
+        if now - last_write(launch) < idle_s:
+            continue
+        for f in files if n >= keep else [f for f in files if _HANDOFF.fullmatch(f.name[len(launch):])]:
+            if f.is_dir() and not f.is_symlink():
+                shutil.rmtree(f, ignore_errors=True)
+            else:
+                f.unlink(missing_ok=True)
