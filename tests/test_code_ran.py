@@ -3,6 +3,8 @@
 import subprocess
 import sys
 import textwrap
+import types
+from pathlib import Path
 
 from harness.undertest import code_ran
 from tests.support import ROOT
@@ -117,3 +119,21 @@ def test_the_probes_leave_docstrings_tracebacks_and_the_bytecode_cache_alone(tmp
 def test_ranks_that_hashed_a_piece_differently_match_no_source():
     merged = code_ran.merge([{"a.py::f": "1", "a.py::<module>": "m"}, {"a.py::f": "2"}, None])
     assert merged == {"a.py::<module>": "m", "a.py::f": "?"}
+
+
+def test_a_modules_real_path_is_resolved_as_pathlib_does_through_linked_folders_and_files(tmp_path, monkeypatch):
+    real = tmp_path / "real"
+    (real / "pkg").mkdir(parents=True)
+    (real / "pkg" / "a.py").write_text("x = 1\n")
+    (tmp_path / "linkdir").symlink_to(real)
+    (real / "pkg" / "b.py").symlink_to(tmp_path / "elsewhere.py")
+    (tmp_path / "elsewhere.py").write_text("y = 2\n")
+    monkeypatch.chdir(real)
+    for name in [real / "pkg" / "a.py", tmp_path / "linkdir" / "pkg" / "a.py", tmp_path / "linkdir" / "pkg" / "b.py",
+                 Path("pkg/a.py"), tmp_path / "linkdir" / "pkg" / ".." / "pkg" / "a.py"]:
+        assert code_ran._realpath(str(name)) == str(Path(name).resolve()), name
+    module = types.ModuleType("m")
+    module.__file__ = str(tmp_path / "linkdir" / "pkg" / "a.py")
+    assert code_ran._file_under(module, [(real / "pkg").resolve()]) == ((real / "pkg" / "a.py"), "a.py")
+    module.__file__ = str(tmp_path / "linkdir" / "pkg" / "b.py")  # a link out of the root: not under it
+    assert code_ran._file_under(module, [(real / "pkg").resolve()]) is None

@@ -1,24 +1,21 @@
 """Which code of the patches module under test a cell ran, each piece hashed.
 
-A cell that installs patches depends on the code of the module under test that ran in it,
-not on every file of the module: a deployed cell installs every patch, yet a wrapper whose
-torch function the scenario never calls cannot change its outcome. The workers import the
-module under test through ``ProbedLoader``: every function's body starts with one added
-statement that notes the function's id (``RAN``); a file's top-level code is noted when the
-file is imported. Nothing else of the module's code changes (same file, same line numbers
-in tracebacks; its ``.pyc`` is neither read nor written). Each rank reports what ran with
-its digests (``report``), the record keeps them (``code_deps``), and a later run reuses the
-record only where every one still hashes the same in the source on disk (``CodeIndex``,
-``harness.launch.incremental``).
+A cell that installs patches depends on the code of the module under test that ran in it, not on every file of the
+module: a deployed cell installs every patch, yet a wrapper whose torch function the scenario never calls cannot
+change its outcome. The workers import the module under test through ``ProbedLoader``: every function's body starts
+with one added statement that notes the function's id (``RAN``); a file's top-level code is noted when the file is
+imported. Nothing else of the module's code changes (same file, same line numbers in tracebacks; its ``.pyc`` is
+neither read nor written). Each rank reports what ran with its digests (``report``), the record keeps them
+(``code_deps``), and a later run reuses the record only where every one still hashes the same in the source on disk
+(``CodeIndex``, ``harness.launch.incremental``).
 
-Ids: ``<file>::<qualified name>`` (``nonfloat.py::_nonfloat_frozen.new``; a second function
-of the same name in one scope gets ``#2``), ``<file>::<module>`` for a file's top-level
-code, and ``<file>`` alone (its bytes) for a file of the module imported some other way.
-``<file>`` is relative to the module's folder (a single-file module: its own name).
-Digests hash the syntax tree, so comments, blank lines and line numbers do not count; a
-function's digest leaves out the bodies of the functions defined in it (each has its own
-id) but keeps their names, arguments, defaults and decorators, which run where they are
-defined. A lambda or a class body is part of the function (or file) it is written in.
+Ids: ``<file>::<qualified name>`` (``nonfloat.py::_nonfloat_frozen.new``; a second function of the same name in one
+scope gets ``#2``), ``<file>::<module>`` for a file's top-level code, and ``<file>`` alone (its bytes) for a file of
+the module imported some other way. ``<file>`` is relative to the module's folder (a single-file module: its own
+name). Digests hash the syntax tree, so comments, blank lines and line numbers do not count; a function's digest
+leaves out the bodies of the functions defined in it (each has its own id) but keeps their names, arguments, defaults
+and decorators, which run where they are defined. A lambda or a class body is part of the function (or file) it is
+written in.
 """
 
 from __future__ import annotations
@@ -28,6 +25,7 @@ import hashlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import os
 import sys
 import weakref
 from collections.abc import Iterator
@@ -173,8 +171,8 @@ class _Finder(importlib.abc.MetaPathFinder):
             spec = finder.find_spec(fullname, path, target)
             if spec is None:
                 continue
-            origin = Path(spec.origin).resolve() if spec.origin and spec.origin.endswith(".py") else None
-            if origin is not None and (origin == self.root or self.root in origin.parents):
+            origin = _realpath(spec.origin) if spec.origin and spec.origin.endswith(".py") else None
+            if origin is not None and (origin == str(self.root) or origin.startswith(os.path.join(str(self.root), ""))):
                 spec.loader = ProbedLoader(fullname, spec.origin, self.root)
             return spec
         return None
@@ -203,9 +201,8 @@ def install_finder(root: Path) -> None:
 
 
 def report() -> dict[str, str]:
-    """What of the modules under test (every root ``install_finder`` was given) ran here since
-    ``begin``, with digests: the probed code that ran, every probed file's top-level code, and
-    the bytes of any file under a root that was imported without probes."""
+    """What of the modules under test (every root ``install_finder`` was given) ran here since ``begin``, with digests:
+    the probed code that ran, every probed file's top-level code, the bytes of any file under a root imported unprobed."""
     roots = _roots()
     found = {i: _LOADED.get(i.split("::")[0], {}).get(i.split("::", 1)[1], "?") for i in RAN if "::" in i}
     found |= {i: d for i in RAN if "::" not in i for r in roots if (d := CodeIndex(r).current(i)) is not None}
@@ -223,15 +220,14 @@ def _bytes_digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()[:20]
 
 
-#: a ``sys.modules`` name -> (a weak reference to the module seen there, the roots it was looked at
-#: for, its file under one of them with the file's id, or None): each module is looked at once (a
-#: forked cell inherits what its zygote's ``precompile`` saw), not once per ``report``
+#: a ``sys.modules`` name -> (a weak reference to the module seen there, the roots it was looked at for, its file under
+#: one of them with the file's id, or None): each module is looked at once (a forked cell inherits what its zygote's
+#: ``precompile`` saw), not once per ``report``
 _SCANNED: dict[str, tuple[object, tuple[Path, ...], tuple[Path, str] | None]] = {}
 
 
 def _unprobed_under(roots: list[Path]) -> list[tuple[Path, str]]:
-    """The ``.py`` files of imported modules, imported without probes, that lie under one of
-    ``roots``, with their ids."""
+    """The ``.py`` files of imported modules, imported without probes, that lie under one of ``roots``, with their ids."""
     key, found = tuple(roots), []
     for name, module in list(sys.modules.items()):
         seen = _SCANNED.get(name)
@@ -254,9 +250,21 @@ def _file_under(module: object, roots: list[Path]) -> tuple[Path, str] | None:
     if isinstance(getattr(module, "__loader__", None), ProbedLoader) or not isinstance(name, str) \
             or not name.endswith(".py"):
         return None
-    path = Path(name).resolve()
-    root = next((r for r in roots if path == r or r in path.parents), None)
-    return (path, file_id(path, root)) if root is not None and path.is_file() else None
+    real = _realpath(name)
+    root = next((r for r in roots if real == str(r) or real.startswith(os.path.join(str(r), ""))), None)
+    return (Path(real), file_id(Path(real), root)) if root is not None and os.path.isfile(real) else None
+
+
+#: a folder as imported -> its real path (thousands of modules, a few hundred folders)
+_REAL_DIRS: dict[str, str] = {}
+
+
+def _realpath(name: str) -> str:
+    """``Path(name).resolve()``, each folder resolved once (the file itself where it is a link)."""
+    folder, base = os.path.split(name)
+    if os.path.islink(name) or not os.path.isabs(folder):
+        return os.path.realpath(name)
+    return os.path.join(_REAL_DIRS.get(folder) or _REAL_DIRS.setdefault(folder, os.path.realpath(folder)), base)
 
 
 class CodeIndex:
