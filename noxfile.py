@@ -259,8 +259,9 @@ def incremental(session: nox.Session) -> None:
     """The default CPU matrix of the test torch fresh, then after each edit of bench/incremental.py
     (none, a comment, patch functions, a scenario file, a helper, a broken patch function): cells run, wall, verdicts."""
     python = _torch_env(session, TEST_TORCH, "cpu")
+    own = harness_folder(Path(python).parent.parent)  # the matrix venv's bytecode, as its sessions read it
     session.run(python, "bench/incremental.py", "--python", python, *session.posargs,
-                env={"PYTHONPATH": str(ROOT)}, external=True)
+                env={"PYTHONPATH": str(ROOT), **bytecode_env(own)}, external=True)
 
 
 @nox.session

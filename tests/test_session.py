@@ -268,3 +268,28 @@ def test_a_cuda_session_without_a_gpu_is_an_error_when_named_and_left_out_of_the
         with pytest.raises(pytest.skip.Exception, match="named on the command line is an error instead"):
             sessions.run_version(rec, matrix, "2.15.0", "cuda", root=ROOT, runs=tmp_path / "runs")
     assert rec.installs == [] and rec.runs == []
+
+
+def test_the_incremental_bench_runs_under_the_matrix_venvs_bytecode(tmp_path, monkeypatch):
+    """``nox -s incremental`` measures what ``nox -s matrix`` pays: its processes read the
+    matrix venv's bytecode, where the caller's ``PYTHONDONTWRITEBYTECODE`` would have each
+    compile torch's sources again (about 3 s more per run)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("noxfile_under_test", ROOT / "noxfile.py")
+    noxfile = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(noxfile)
+    python = tmp_path / "venv" / "bin" / "python"
+    monkeypatch.setattr(noxfile, "_torch_env", lambda *a: str(python))
+    calls = []
+
+    class Recorder:
+        posargs: list[str] = []
+
+        def run(self, *args, **kw):
+            calls.append((args, kw))
+
+    noxfile.incremental(Recorder())
+    (args, kw), = calls
+    assert args[:2] == (str(python), "bench/incremental.py")
+    assert kw["env"] == {"PYTHONPATH": str(ROOT), **bytecode_env(tmp_path / "venv" / ".fsdp-compat")}
