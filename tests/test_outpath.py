@@ -1,9 +1,14 @@
 """The launch folder stays bounded: old launches' files go at a run's start, a recent one's never."""
 
+import dataclasses
+import json
 import os
 import time
 
 from harness.launch import outpath
+from harness.plan.cells import Cell
+from harness.protocol import LaunchPlan
+from harness.runconfig import RunConfig
 
 
 def _launch(folder, launch_id, age_s, *, handoff=False):
@@ -59,3 +64,28 @@ def test_prepare_out_prunes_and_a_recent_launch_keeps_even_its_hand_off(tmp_path
         _launch(logs, f"20261102-0000{i:02d}-L1-{i:06x}", age_s=9 * 86400)
     outpath.prepare_out(tmp_path / "r.jsonl", logs)
     assert not (logs / f"{old}.json").exists() and (logs / f"{recent}.json").exists()
+
+
+def test_a_launch_a_record_names_stays_and_only_node_0_drops_the_hand_off(tmp_path):
+    logs = tmp_path / "r.logs"
+    logs.mkdir()
+    launches = [f"20261101-0000{i:02d}-L1-{i:06x}" for i in range(4)]
+    for i, launch in enumerate(launches):
+        _launch(logs, launch, age_s=90_000 - i * 100)
+    out, previous = tmp_path / "r.jsonl", tmp_path / "r.jsonl.previous"
+    out.write_text(json.dumps({"status": "hang", "log": str(logs / f"{launches[0]}.log")}) + "\n")
+    previous.write_text(json.dumps({"status": "crash", "log": str(logs / f"{launches[1]}.log")}) + "\n")
+    outpath._prune(logs, keep=1, records=[out, previous, tmp_path / "missing.jsonl"])
+    left = {p.name for p in logs.iterdir()}
+    assert {f"{launches[0]}.log", f"{launches[1]}.json", f"{launches[3]}.json"} <= left
+    assert f"{launches[2]}.json" not in left
+
+    plan = LaunchPlan(config=RunConfig(node_rank=1, nnodes=2, rdzv_endpoint="h:1", run_id="x"), run_id="x",
+                      launch_id="x-L1", device="cpu", world_size=2, patches_module_id="", out_path=str(out),
+                      folder=str(logs), cells=[Cell(scenario="s", variant="vanilla", device="cpu", backend="gloo", world_size=2,
+                                                       mesh=(2,), timeout_s=30.0, index=0)])
+    plan.observed_file(0).write_bytes(b"x")
+    outpath.drop_handoff(plan)  # another node's launcher: node 0 may still read it
+    assert plan.observed_file(0).exists()
+    outpath.drop_handoff(dataclasses.replace(plan, config=RunConfig(run_id="x")))
+    assert not plan.observed_file(0).exists()

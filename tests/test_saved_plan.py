@@ -105,6 +105,14 @@ def test_every_input_of_a_plan_changes_its_key_and_a_changed_input_is_planned_ag
     differs("a patch file", *rewrite(patches / "grads.py", (patches / "grads.py").read_text() + "#\n"))
     data = patches / "notes.txt"
     differs("a file in the patches folder", lambda: data.write_text("x"), lambda: data.unlink())
+    # what a cell's key holds of the module besides its own files: a file outside it that it imports
+    helper = tmp_path / "my_fixes.py"
+    helper.write_text("LIMIT = 1\n")
+    init = patches / "__init__.py"
+    init.write_text(init.read_text() + "from my_fixes import LIMIT  # noqa\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    base = saved.plan_key(config)
+    differs("a file outside the module that it imports", *rewrite(helper, "LIMIT = 2\n"))
     monkeypatch.setenv("TORCH_SHOW_CPP_STACKTRACES", "1")
     assert saved.plan_key(config) != base
     monkeypatch.delenv("TORCH_SHOW_CPP_STACKTRACES")
@@ -138,14 +146,45 @@ def test_a_plan_whose_scenario_failed_to_load_is_not_saved_and_the_oldest_plans_
     assert {json.loads(p.read_text())["cells"][0]["timeout_s"] for p in kept} == {41.0, 42.0}
 
 
-@pytest.mark.parametrize("damage", ["truncated", "another key"])
+def test_the_parent_package_of_a_dotted_module_is_in_the_key(tmp_path, monkeypatch):
+    scenarios, _ = _folders(tmp_path, monkeypatch)
+    package = tmp_path / "site" / "acme"
+    shutil.copytree(ROOT / "fsdp_patches", package / "fixes", ignore=shutil.ignore_patterns("__pycache__"))
+    (package / "__init__.py").write_text("VERSION = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    config = _config(tmp_path, scenarios, "acme.fixes")
+    base = saved.plan_key(config)
+    (package / "__init__.py").write_text("VERSION = 2\n")
+    assert base is not None and saved.plan_key(config) not in (None, base)
+
+
+def test_a_plan_is_kept_only_where_its_inputs_did_not_move_while_it_was_made_and_taking_one_writes_nothing(
+        tmp_path, monkeypatch):
+    scenarios, patches = _folders(tmp_path, monkeypatch)
+    config = _config(tmp_path, scenarios, patches)
+    real, keys = saved.plan_key, iter(["before", "after"])
+    monkeypatch.setattr(saved, "plan_key", lambda c: next(keys))  # an edit while the scenarios loaded
+    assert pipeline.plan(config, saved_beside=config.records_file).to_save is None
+    monkeypatch.setattr(saved, "plan_key", real)
+    plan(config, saved_beside=config.records_file)
+    (path,) = saved.folder(config.records_file).glob("*.json")
+    before = path.stat().st_mtime_ns
+    taken = pipeline.plan(config, saved_beside=config.records_file)  # a held run: nothing written yet
+    assert taken.taken and path.stat().st_mtime_ns == before
+    pipeline._save(taken, config.records_file)  # let go: marked used
+    assert path.stat().st_mtime_ns > before
+
+
+@pytest.mark.parametrize("damage", ["truncated", "another key", "a list", "null", "cells of numbers"])
 def test_a_damaged_saved_plan_is_planned_again(tmp_path, monkeypatch, damage):
     scenarios, patches = _folders(tmp_path, monkeypatch)
     config = _config(tmp_path, scenarios, patches)
     first = plan(config, saved_beside=config.records_file)
     (path,) = saved.folder(config.records_file).glob("*.json")
     text = path.read_text()
-    path.write_text(text[:len(text) // 2] if damage == "truncated" else text.replace('"key": "', '"key": "x', 1))
+    path.write_text({"truncated": text[:len(text) // 2], "another key": text.replace('"key": "', '"key": "x', 1),
+                     "a list": "[]", "null": "null",
+                     "cells of numbers": json.dumps({**json.loads(text), "cells": [1]})}[damage])
     loads = _loads(monkeypatch)
     assert _cells(plan(config, saved_beside=config.records_file)) == _cells(first) and len(loads) == 1
 

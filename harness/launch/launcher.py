@@ -92,7 +92,7 @@ class RunResult:
 def run_cells(cells: list[Cell], opts: LaunchOptions) -> RunResult:
     """Run every cell; every cell ends with a record, unless a signal stops the run.
     ``ValueError`` when the records file or the launch folder cannot be written."""
-    prepare_out(opts.out_path, opts.log_dir)
+    prepare_out(opts.out_path, opts.log_dir, opts.config.reuse_from)
     config, python_path = worker_paths(opts.config, opts.python_path)  # the workers run in the project's folder
     opts = replace(opts, config=config, python_path=python_path)
     result = RunResult()

@@ -5,14 +5,17 @@ between its processes, dropped once the launch is over (``drop_handoff``).
 The launch folder is kept bounded: each run's start removes the files of launches beyond the
 newest ``KEEP_LAUNCHES`` (and what launches before ``drop_handoff`` left of their hand-off),
 never of a launch whose plan, log or progress moved in the last ``IDLE_S`` (another run may be in
-it). No record names a launch's files: they are its diagnostics (log, plan, progress, phases, crashes).
+it) nor of one whose log a record in the run's records (or those it reuses) names (a cell its launch could not
+finish: the record keeps the log's tail too). The rest are diagnostics (log, plan, progress, phases, crashes).
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shutil
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -33,8 +36,9 @@ _OWNER = re.compile(r"(?P<launch>.+?-L\d+(?:-[0-9a-f]{6})?)\.")
 _HANDOFF = re.compile(r"\.cell\d+\.(?:observed\.pt|verdict\.json)|\.references")
 
 
-def prepare_out(out: Path, log_dir: Path) -> None:
-    """Create ``out``'s folder, ``log_dir`` and ``out`` itself (appended to later); prune ``log_dir``."""
+def prepare_out(out: Path, log_dir: Path, reuse_from: list[str] | tuple[str, ...] = ()) -> None:
+    """Create ``out``'s folder, ``log_dir`` and ``out`` itself (appended to later); prune ``log_dir``,
+    keeping the launches the records of ``out`` and ``reuse_from`` name."""
     for folder in (out.parent, log_dir):
         try:
             folder.mkdir(parents=True, exist_ok=True)
@@ -42,7 +46,7 @@ def prepare_out(out: Path, log_dir: Path) -> None:
             blocker = next((p for p in [folder, *folder.parents] if p.exists() and not p.is_dir()), None)
             why = f"{blocker} is a file, not a folder" if blocker else (e.strerror or type(e).__name__)
             raise ValueError(f"--out {out}: cannot create the folder {folder}: {why}") from None
-    _prune(log_dir)
+    _prune(log_dir, records=[out, *map(Path, reuse_from)])
     try:
         with open(out, "a"):
             pass
@@ -56,36 +60,58 @@ def drop_handoff(plan: LaunchPlan) -> None:
     100 MB a version in a fresh CPU matrix, read by nothing once the records are written (the
     record holds the verdict; ``--dump`` keeps the snapshots). The plan, log, progress, phase
     and crash files stay."""
+    if plan.config.node_rank != 0:  # node 0 judges, and may still read them where the folder is shared
+        return
     for cell in plan.cells:
         plan.observed_file(cell.index).unlink(missing_ok=True)
         plan.verdict_file(cell.index).unlink(missing_ok=True)
     shutil.rmtree(plan.references_folder(), ignore_errors=True)
 
 
-def _prune(log_dir: Path, *, keep: int = KEEP_LAUNCHES, idle_s: float = IDLE_S) -> None:
+def _prune(log_dir: Path, *, keep: int = KEEP_LAUNCHES, idle_s: float = IDLE_S, records: Sequence[Path] = ()) -> None:
     """Remove the files of ``log_dir``'s launches beyond the newest ``keep`` and the hand-off
-    of the others, leaving alone any launch that wrote within ``idle_s``; what cannot be
-    removed stays."""
+    of the others, leaving alone any launch that wrote within ``idle_s`` and any whose log a
+    record of ``records`` names (the launcher's record of a cell its launch could not finish);
+    what cannot be removed stays."""
     try:
         entries = list(log_dir.iterdir())
     except OSError:
         return
+    named: list[str] = []  # the records' text, read where a launch beyond the newest may go
+
+    def is_named(launch: str) -> bool:
+        if not named:
+            named.append("".join(_text(f) for f in records))
+        return f"{launch}.log" in named[0]
+
     launches: dict[str, list[Path]] = {m["launch"]: [] for e in entries if (m := _PLAN.fullmatch(e.name))}
     for e in entries:
         if (m := _OWNER.match(e.name)) and m["launch"] in launches:
             launches[m["launch"]].append(e)
 
     def last_write(launch: str) -> float:  # its plan, log and progress: the progress moves at each cell's start
-        times = [f.stat().st_mtime for f in (log_dir / f"{launch}.{x}" for x in ("json", "log", "progress")) if f.exists()]
-        return max(times, default=0.0)
+        times = [0.0]
+        for f in (log_dir / f"{launch}.{x}" for x in ("json", "log", "progress")):
+            with contextlib.suppress(OSError):  # gone meanwhile (another run pruning)
+                times.append(f.stat().st_mtime)
+        return max(times)
 
     now, newest = time.time(), sorted(launches, key=last_write, reverse=True)
     for n, launch in enumerate(newest):
         files = launches[launch]
         if now - last_write(launch) < idle_s:
             continue
-        for f in files if n >= keep else [f for f in files if _HANDOFF.fullmatch(f.name[len(launch):])]:
+        whole = n >= keep and not is_named(launch)
+        for f in files if whole else [f for f in files if _HANDOFF.fullmatch(f.name[len(launch):])]:
             if f.is_dir() and not f.is_symlink():
                 shutil.rmtree(f, ignore_errors=True)
             else:
-                f.unlink(missing_ok=True)
+                with contextlib.suppress(OSError):
+                    f.unlink()
+
+
+def _text(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""

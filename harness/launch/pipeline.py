@@ -48,6 +48,8 @@ class Planned:
     warnings: list[str] = field(default_factory=list)
     #: the key to keep this plan under, where it was made from scratch (``harness.plan.saved``)
     to_save: str | None = None
+    #: the key of the saved plan it was taken from (kept among the newest once the run may write)
+    taken: str | None = None
 
 
 def plan(config: RunConfig, *, saved_beside: Path | None = None) -> Planned:
@@ -62,17 +64,20 @@ def plan(config: RunConfig, *, saved_beside: Path | None = None) -> Planned:
     if key is not None and not config.fresh and (kept := saved.load(saved_beside, key)) is not None:
         path = kept.get("module_path")
         return Planned(config=config, cells=kept["cells"], module_id=kept.get("module_id", ""),
-                       module_path=Path(path) if path else None, warnings=kept.get("warnings", []))
+                       module_path=Path(path) if path else None, warnings=kept.get("warnings", []), taken=key)
     planned = _plan(config)
-    planned.to_save = key if not planned.broken else None
+    # kept only where nothing it was made from moved while it was made (an edit meanwhile: the next run plans)
+    planned.to_save = key if key is not None and not planned.broken and saved.plan_key(config) == key else None
     return planned
 
 
 def _save(planned: Planned, out: Path) -> None:
-    """Keep a plan made from scratch beside ``out`` (``harness.plan.saved``)."""
+    """Keep a plan made from scratch beside ``out``, or mark the one taken as used (``harness.plan.saved``)."""
     if planned.to_save is not None:
         saved.save(out, planned.to_save, planned.cells, module_id=planned.module_id, warnings=planned.warnings,
                    module_path=str(planned.module_path) if planned.module_path else None)
+    elif planned.taken is not None:
+        saved.used(out, planned.taken)
 
 
 def _plan(config: RunConfig) -> Planned:
@@ -132,7 +137,7 @@ def run(config: RunConfig, *, on_start: Callable[[int, Path], None] | None = Non
     total = len(cells) + len(broken)
     opts = LaunchOptions(config=config, patches_module_id=planned.module_id, prestarted=prestarted,
                          on_record=(lambda rec: on_record(rec, total)) if on_record else None)
-    prepare_out(opts.out_path, opts.log_dir)
+    prepare_out(opts.out_path, opts.log_dir, config.reuse_from)
     failed_loads = [_load_error_record(e, opts) for e in broken]
     for e in broken:
         if on_load_error is not None:

@@ -10,11 +10,14 @@ a scenario or importing torch.
 
 The key (``plan_key``) covers what a cell's key covers (``harness.plan.inputs``: the torch build,
 the installs, the machine, the interpreter and environment, the harness's code) and, for the
-whole plan at once: the run's options (all but where its records go and what it reuses), every
-file in the scenario folders with the files they import, and every file of the module under
-test (and of the project's own, whose names are known whatever module is tested). A plan whose
-scenario files failed to load is not saved; ``--fresh`` plans from scratch. Plans are files
-named by their key, beside the run's records (``.plans/``), the newest ``KEEP`` kept.
+whole plan at once: the run's options (all but where its records go and what it reuses), the
+Python files of the scenario folders with the files they import, and every file of the module
+under test (and of the project's own, whose names are known whatever module is tested) with
+what a cell's key holds of it besides: the files outside it that it imports, its parent
+packages' ``__init__``, the patch mapping. A plan is kept only where its key is the same after
+planning as before (nothing moved meanwhile) and no scenario file failed to load; ``--fresh``
+plans from scratch. Plans are files named by their key, beside the run's records (``.plans/``),
+the newest ``KEEP`` kept (a run that takes one marks it used once it may write).
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from harness.plan.inputs import (
 )
 from harness.runconfig import RunConfig
 
-__all__ = ["KEEP", "folder", "load", "plan_key", "save"]
+__all__ = ["KEEP", "folder", "load", "plan_key", "save", "used"]
 
 #: plans kept per folder (one per version and matrix in ``nox -s matrix``)
 KEEP = 32
@@ -59,21 +62,24 @@ def _scenario_files(config: RunConfig) -> list[Path]:
     with every project file each imports (a helper, a model beside them)."""
     dirs = [PROJECT_ROOT / "scenarios", *(Path(d).resolve() for d in config.scenario_dirs)]
     files: set[Path] = set()
-    for d in dirs:
-        for f in d.rglob("*.py") if d.is_dir() else []:
-            if "__pycache__" not in f.parts:
-                files |= import_closure(f, [PROJECT_ROOT, d], skip=("harness", "torch"))
+    for d in dirs:  # the files loading reads: each folder's own (``harness.scenario.load``), and what they import
+        for f in d.glob("*.py") if d.is_dir() else []:
+            files |= import_closure(f, [PROJECT_ROOT, d], skip=("harness", "torch"))
     return sorted(files)
 
 
-def _module_files(spec: str) -> list[Path]:
-    """Every file of the module under test's folder (or its one file)."""
+def _module_digest(spec: str, config: RunConfig) -> str:
+    """Every file of the module under test's folder (or its one file), and what a cell's key
+    holds of it besides (``CellInputs.module_digest``: the files outside it that it imports, its
+    parent packages' ``__init__``, the patch mapping)."""
+    from harness.plan.inputs import CellInputs
     from harness.undertest.source import locate
 
-    root = locate(spec).path.resolve()
-    if root.is_file():
-        return [root]
-    return sorted(f for f in root.rglob("*") if f.is_file() and "__pycache__" not in f.parts)
+    source = locate(spec)
+    root = source.path.resolve()
+    own = [root] if root.is_file() else sorted(f for f in root.rglob("*") if f.is_file() and "__pycache__" not in f.parts)
+    return _digest(_files_digest(own), CellInputs(scenario_files={}, source=source,
+                                                  patch_mapping=config.patch_mapping).module_digest)
 
 
 def plan_key(config: RunConfig) -> str | None:
@@ -82,11 +88,10 @@ def plan_key(config: RunConfig) -> str | None:
 
     options = {k: v for k, v in config.to_json().items() if k not in _NOT_PLANNED}
     try:
-        modules = [_module_files(spec) for spec in dict.fromkeys((config.patches, DEFAULT_MODULE))]
+        modules = [_module_digest(spec, config) for spec in dict.fromkeys((config.patches, DEFAULT_MODULE))]
         return _digest(str(_FORMAT), json.dumps(options, sort_keys=True, default=str), _torch_build(), _installs(),
                        *(_machine(d) for d in sorted(set(config.devices))), _environment(os.environ),
-                       _harness_digest(), _files_digest(_scenario_files(config)),
-                       *(_files_digest(m) for m in modules))
+                       _harness_digest(), _files_digest(_scenario_files(config)), *modules)
     except (OSError, ValueError):
         return None
 
@@ -96,17 +101,20 @@ def load(out: Path, key: str | None) -> dict[str, Any] | None:
     beside them; None where there is none (or it cannot be read)."""
     if key is None:
         return None
-    path = folder(out) / f"{key}.json"
     try:
-        data = json.loads(path.read_text())
-        if data.get("key") != key:
+        data = json.loads((folder(out) / f"{key}.json").read_text())
+        if not isinstance(data, dict) or data.get("key") != key:
             return None
         data["cells"] = [Cell.from_dict(c) for c in data["cells"]]
-    except (OSError, ValueError, TypeError, KeyError):
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return None
-    with contextlib.suppress(OSError):
-        os.utime(path)  # the newest are kept
     return data
+
+
+def used(out: Path, key: str) -> None:
+    """Mark the plan saved under ``key`` as just used (the newest ``KEEP`` are kept)."""
+    with contextlib.suppress(OSError):
+        os.utime(folder(out) / f"{key}.json")
 
 
 def save(out: Path, key: str | None, cells: list[Cell], **beside: Any) -> None:
