@@ -163,7 +163,7 @@ def test_a_plan_is_kept_only_where_its_inputs_did_not_move_while_it_was_made_and
     scenarios, patches = _folders(tmp_path, monkeypatch)
     config = _config(tmp_path, scenarios, patches)
     real, keys = saved.plan_key, iter(["before", "after"])
-    monkeypatch.setattr(saved, "plan_key", lambda c: next(keys))  # an edit while the scenarios loaded
+    monkeypatch.setattr(saved, "plan_key", lambda *a: next(keys))  # an edit while the scenarios loaded
     assert pipeline.plan(config, saved_beside=config.records_file).to_save is None
     monkeypatch.setattr(saved, "plan_key", real)
     plan(config, saved_beside=config.records_file)
@@ -189,8 +189,12 @@ def test_a_damaged_saved_plan_is_planned_again(tmp_path, monkeypatch, damage):
     assert _cells(plan(config, saved_beside=config.records_file)) == _cells(first) and len(loads) == 1
 
 
-def test_a_run_that_takes_its_saved_plan_never_imports_torch_before_its_launch(tmp_path):
-    """``harness run``'s own process, its plan saved and every cell answered by a record: no torch."""
+def test_a_run_that_takes_its_saved_plan_never_imports_torch_before_its_launch(tmp_path, monkeypatch):
+    """``harness run``'s own process, its plan saved and every cell answered by a record: no torch.
+    Started as from a shell that sets none of the switches loading the hf_ scenarios sets: the
+    plan is kept although planning changed the process's environment."""
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE")
     out = tmp_path / "r.jsonl"
     probe = ("import sys; from harness.cli import main; code = main(sys.argv[1:]); "
              "print('torch' in sys.modules); sys.exit(code)")

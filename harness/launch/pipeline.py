@@ -6,6 +6,7 @@ launch them, return their records.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -60,14 +61,15 @@ def plan(config: RunConfig, *, saved_beside: Path | None = None) -> Planned:
     (``Planned.to_save``: ``run`` keeps it once it may write)."""
     if config.expect_torch:
         _check_torch(config.expect_torch)
-    key = saved.plan_key(config) if saved_beside is not None else None
+    environ = dict(os.environ)  # as the run started: loading the hf_ scenarios sets their offline switches
+    key = saved.plan_key(config, environ) if saved_beside is not None else None
     if key is not None and not config.fresh and (kept := saved.load(saved_beside, key)) is not None:
         path = kept.get("module_path")
         return Planned(config=config, cells=kept["cells"], module_id=kept.get("module_id", ""),
                        module_path=Path(path) if path else None, warnings=kept.get("warnings", []), taken=key)
     planned = _plan(config)
     # kept only where nothing it was made from moved while it was made (an edit meanwhile: the next run plans)
-    planned.to_save = key if key is not None and not planned.broken and saved.plan_key(config) == key else None
+    planned.to_save = key if key is not None and not planned.broken and saved.plan_key(config, environ) == key else None
     return planned
 
 

@@ -26,6 +26,7 @@ import contextlib
 import dataclasses
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -82,15 +83,16 @@ def _module_digest(spec: str, config: RunConfig) -> str:
                                                   patch_mapping=config.patch_mapping).module_digest)
 
 
-def plan_key(config: RunConfig) -> str | None:
-    """The key of ``config``'s plan; None where some input cannot be read (the run plans, and says why)."""
+def plan_key(config: RunConfig, environ: Mapping[str, str] | None = None) -> str | None:
+    """The key of ``config``'s plan under ``environ`` (default: this process's environment now);
+    None where some input cannot be read (the run plans, and says why)."""
     from harness.vocabulary import DEFAULT_MODULE
 
     options = {k: v for k, v in config.to_json().items() if k not in _NOT_PLANNED}
     try:
         modules = [_module_digest(spec, config) for spec in dict.fromkeys((config.patches, DEFAULT_MODULE))]
         return _digest(str(_FORMAT), json.dumps(options, sort_keys=True, default=str), _torch_build(), _installs(),
-                       *(_machine(d) for d in sorted(set(config.devices))), _environment(os.environ),
+                       *(_machine(d) for d in sorted(set(config.devices))), _environment(os.environ if environ is None else environ),
                        _harness_digest(), _files_digest(_scenario_files(config)), *modules)
     except (OSError, ValueError):
         return None
