@@ -276,6 +276,9 @@ def test_the_incremental_bench_runs_under_the_matrix_venvs_bytecode(tmp_path, mo
     compile torch's sources again (about 3 s more per run)."""
     import importlib.util
 
+    import nox.registry
+
+    monkeypatch.setattr(nox.registry, "_REGISTRY", {})  # its sessions, as nox would load them: once
     spec = importlib.util.spec_from_file_location("noxfile_under_test", ROOT / "noxfile.py")
     noxfile = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(noxfile)
