@@ -131,7 +131,7 @@ def test_a_modules_real_path_is_resolved_as_pathlib_does_through_linked_folders_
     monkeypatch.chdir(real)
     for name in [real / "pkg" / "a.py", tmp_path / "linkdir" / "pkg" / "a.py", tmp_path / "linkdir" / "pkg" / "b.py",
                  Path("pkg/a.py"), tmp_path / "linkdir" / "pkg" / ".." / "pkg" / "a.py"]:
-        assert code_ran._realpath(str(name)) == str(Path(name).resolve()), name
+        assert code_ran._located(str(name), [])[0] == str(Path(name).resolve()), name
     module = types.ModuleType("m")
     module.__file__ = str(tmp_path / "linkdir" / "pkg" / "a.py")
     assert code_ran._file_under(module, [(real / "pkg").resolve()]) == ((real / "pkg" / "a.py"), "a.py")

@@ -5,13 +5,15 @@ between its processes, dropped once the launch is over (``drop_handoff``).
 The launch folder is kept bounded: each run's start removes the files of launches beyond the
 newest ``KEEP_LAUNCHES`` (and what launches before ``drop_handoff`` left of their hand-off),
 never of a launch whose plan, log or progress moved in the last ``IDLE_S`` (another run may be in
-it) nor of one whose log a record in the run's records (or those it reuses) names (a cell its launch could not
-finish: the record keeps the log's tail too). The rest are diagnostics (log, plan, progress, phases, crashes).
+it) nor of one whose log a record in the run's records (or those it reuses) names (a cell its
+launch could not finish: the record keeps the log's tail too). The rest are diagnostics (log,
+plan, progress, phases, crashes).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import re
 import shutil
 import time
@@ -77,12 +79,9 @@ def _prune(log_dir: Path, *, keep: int = KEEP_LAUNCHES, idle_s: float = IDLE_S, 
         entries = list(log_dir.iterdir())
     except OSError:
         return
-    named: list[str] = []  # the records' text, read where a launch beyond the newest may go
-
-    def is_named(launch: str) -> bool:
-        if not named:
-            named.append("".join(_text(f) for f in records))
-        return f"{launch}.log" in named[0]
+    @functools.cache
+    def named() -> str:  # the records' text, read once, where a launch beyond the newest may go
+        return "".join(_text(f) for f in records)
 
     launches: dict[str, list[Path]] = {m["launch"]: [] for e in entries if (m := _PLAN.fullmatch(e.name))}
     for e in entries:
@@ -101,7 +100,7 @@ def _prune(log_dir: Path, *, keep: int = KEEP_LAUNCHES, idle_s: float = IDLE_S, 
         files = launches[launch]
         if now - last_write(launch) < idle_s:
             continue
-        whole = n >= keep and not is_named(launch)
+        whole = n >= keep and f"{launch}.log" not in named()
         for f in files if whole else [f for f in files if _HANDOFF.fullmatch(f.name[len(launch):])]:
             if f.is_dir() and not f.is_symlink():
                 shutil.rmtree(f, ignore_errors=True)

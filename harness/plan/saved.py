@@ -33,6 +33,7 @@ from typing import Any
 from harness.plan.cells import Cell
 from harness.plan.inputs import (
     PROJECT_ROOT,
+    CellInputs,
     _digest,
     _environment,
     _files_digest,
@@ -43,6 +44,8 @@ from harness.plan.inputs import (
     import_closure,
 )
 from harness.runconfig import RunConfig
+from harness.undertest.source import locate
+from harness.vocabulary import DEFAULT_MODULE
 
 __all__ = ["KEEP", "folder", "load", "plan_key", "save", "used"]
 
@@ -73,12 +76,10 @@ def _module_digest(spec: str, config: RunConfig) -> str:
     """Every file of the module under test's folder (or its one file), and what a cell's key
     holds of it besides (``CellInputs.module_digest``: the files outside it that it imports, its
     parent packages' ``__init__``, the patch mapping)."""
-    from harness.plan.inputs import CellInputs
-    from harness.undertest.source import locate
-
     source = locate(spec)
     root = source.path.resolve()
-    own = [root] if root.is_file() else sorted(f for f in root.rglob("*") if f.is_file() and "__pycache__" not in f.parts)
+    own = [root] if root.is_file() else \
+        sorted(f for f in root.rglob("*") if f.is_file() and "__pycache__" not in f.parts)
     return _digest(_files_digest(own), CellInputs(scenario_files={}, source=source,
                                                   patch_mapping=config.patch_mapping).module_digest)
 
@@ -86,13 +87,12 @@ def _module_digest(spec: str, config: RunConfig) -> str:
 def plan_key(config: RunConfig, environ: Mapping[str, str] | None = None) -> str | None:
     """The key of ``config``'s plan under ``environ`` (default: this process's environment now);
     None where some input cannot be read (the run plans, and says why)."""
-    from harness.vocabulary import DEFAULT_MODULE
-
     options = {k: v for k, v in config.to_json().items() if k not in _NOT_PLANNED}
     try:
         modules = [_module_digest(spec, config) for spec in dict.fromkeys((config.patches, DEFAULT_MODULE))]
         return _digest(str(_FORMAT), json.dumps(options, sort_keys=True, default=str), _torch_build(), _installs(),
-                       *(_machine(d) for d in sorted(set(config.devices))), _environment(os.environ if environ is None else environ),
+                       *(_machine(d) for d in sorted(set(config.devices))),
+                       _environment(os.environ if environ is None else environ),
                        _harness_digest(), _files_digest(_scenario_files(config)), *modules)
     except (OSError, ValueError):
         return None

@@ -171,8 +171,7 @@ class _Finder(importlib.abc.MetaPathFinder):
             spec = finder.find_spec(fullname, path, target)
             if spec is None:
                 continue
-            origin = _realpath(spec.origin) if spec.origin and spec.origin.endswith(".py") else None
-            if origin is not None and (origin == str(self.root) or origin.startswith(os.path.join(str(self.root), ""))):
+            if spec.origin and spec.origin.endswith(".py") and _located(spec.origin, [self.root])[1] is not None:
                 spec.loader = ProbedLoader(fullname, spec.origin, self.root)
             return spec
         return None
@@ -201,8 +200,8 @@ def install_finder(root: Path) -> None:
 
 
 def report() -> dict[str, str]:
-    """What of the modules under test (every root ``install_finder`` was given) ran here since ``begin``, with digests:
-    the probed code that ran, every probed file's top-level code, the bytes of any file under a root imported unprobed."""
+    """What of the modules under test (each root ``install_finder`` was given) ran here since ``begin``, hashed:
+    the probed code that ran, each probed file's top-level code, the bytes of any file imported without probes."""
     roots = _roots()
     found = {i: _LOADED.get(i.split("::")[0], {}).get(i.split("::", 1)[1], "?") for i in RAN if "::" in i}
     found |= {i: d for i in RAN if "::" not in i for r in roots if (d := CodeIndex(r).current(i)) is not None}
@@ -227,7 +226,7 @@ _SCANNED: dict[str, tuple[object, tuple[Path, ...], tuple[Path, str] | None]] = 
 
 
 def _unprobed_under(roots: list[Path]) -> list[tuple[Path, str]]:
-    """The ``.py`` files of imported modules, imported without probes, that lie under one of ``roots``, with their ids."""
+    """The ``.py`` files of imported modules, imported without probes, under one of ``roots``, with their ids."""
     key, found = tuple(roots), []
     for name, module in list(sys.modules.items()):
         seen = _SCANNED.get(name)
@@ -250,21 +249,22 @@ def _file_under(module: object, roots: list[Path]) -> tuple[Path, str] | None:
     if isinstance(getattr(module, "__loader__", None), ProbedLoader) or not isinstance(name, str) \
             or not name.endswith(".py"):
         return None
-    real = _realpath(name)
-    root = next((r for r in roots if real == str(r) or real.startswith(os.path.join(str(r), ""))), None)
+    real, root = _located(name, roots)
     return (Path(real), file_id(Path(real), root)) if root is not None and os.path.isfile(real) else None
 
 
-#: a folder as imported -> its real path (thousands of modules, a few hundred folders)
-_REAL_DIRS: dict[str, str] = {}
+_REAL_DIRS: dict[str, str] = {}  #: a folder as imported -> its real path (thousands of modules, a few hundred folders)
 
 
-def _realpath(name: str) -> str:
-    """``Path(name).resolve()``, each folder resolved once (the file itself where it is a link)."""
+def _located(name: str, roots: list[Path]) -> tuple[str, Path | None]:
+    """``name``'s real path (``Path(name).resolve()``, each folder resolved once, the file itself
+    where it is a link) and the first of ``roots`` that it is or lies under (None: none)."""
     folder, base = os.path.split(name)
     if os.path.islink(name) or not os.path.isabs(folder):
-        return os.path.realpath(name)
-    return os.path.join(_REAL_DIRS.get(folder) or _REAL_DIRS.setdefault(folder, os.path.realpath(folder)), base)
+        real = os.path.realpath(name)
+    else:
+        real = os.path.join(_REAL_DIRS.get(folder) or _REAL_DIRS.setdefault(folder, os.path.realpath(folder)), base)
+    return real, next((r for r in roots if real == str(r) or real.startswith(os.path.join(str(r), ""))), None)
 
 
 class CodeIndex:
