@@ -69,15 +69,22 @@ def test_a_module_imported_through_the_loader_reports_what_ran_with_the_digests_
         code_ran.begin()
         wrapper, _ = module.patch_thing()
         wrapper(3)
+        before = code_ran.report()
         spec = importlib.util.spec_from_file_location("plain_import", {str(pkg / "unprobed.py")!r})
         m = importlib.util.module_from_spec(spec); sys.modules["plain_import"] = m; spec.loader.exec_module(m)
-        print(json.dumps(code_ran.report()))
+        report = code_ran.report()
+        roots = [f.root for f in sys.meta_path if isinstance(f, code_ran._Finder)]
+        same = code_ran._unprobed_under(roots) is code_ran._unprobed_under(roots)  # nothing imported in between
+        del sys.modules["plain_import"]
+        print(json.dumps([before, report, code_ran.report(), same]))
     """)
     res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     import json
 
-    report = json.loads(res.stdout.strip().splitlines()[-1])
+    before, report, after, same = json.loads(res.stdout.strip().splitlines()[-1])
+    # the scan of imported modules is read again once sys.modules changed, and only then
+    assert "unprobed.py" not in before and "unprobed.py" not in after and same
     # Helper.method never ran
     assert set(report) == {"__init__.py::<module>", "impl.py::<module>", "impl.py::patch_thing",
                            "impl.py::patch_thing.wrapper", "unprobed.py"}

@@ -91,6 +91,42 @@ def test_snapshot_restores_torch_and_reinstall_is_fresh():
     assert out.stdout.startswith("ok")
 
 
+def test_the_undo_snapshot_follows_new_modules_and_classes_and_skips_only_namespaces_left_alone():
+    """``PatchUndo`` reuses its scan of ``sys.modules`` and of each module's classes while their dicts'
+    version tags stand still, and compares only namespaces whose tag moved: a module or a class that
+    appeared since must still be snapshotted, and every change named and put back."""
+    script = textwrap.dedent('''
+        import sys, types
+        from harness.undertest.undo import PatchUndo
+        from torch.distributed.fsdp._fully_shard import _fsdp_param_group as group
+        PatchUndo.take()
+        mod = types.ModuleType("torch.distributed._fsdp_compat_probe")
+        sys.modules[mod.__name__] = mod
+        class Probe:
+            x = 1
+        class Late:
+            y = 1
+        Probe.__module__ = Late.__module__ = mod.__name__
+        mod.Probe = Probe
+        second = PatchUndo.take()  # a module that appeared since the last scan
+        assert mod.__name__ in second.modules and any(k is Probe for k, _ in second.classes)
+        mod.Late = Late
+        snap = PatchUndo.take()  # a class that appeared in a module scanned before
+        assert any(k is Late for k, _ in snap.classes)
+        original = group.FSDPParamGroup.post_backward
+        Probe.x, Late.y, mod.extra = 2, 2, 3
+        group.FSDPParamGroup.post_backward = lambda self, *a: None
+        print(sorted(snap.changes()))
+        snap.restore()
+        assert (Probe.x, Late.y, hasattr(mod, "extra")) == (1, 1, False)
+        assert group.FSDPParamGroup.post_backward is original and snap.changes() == []
+    ''')
+    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.strip() == str(["FSDPParamGroup.post_backward", "Late.y", "Probe.x",
+                                      "torch.distributed._fsdp_compat_probe.extra"])
+
+
 LEAKS = ROOT / "tests" / "fixtures" / "leaks"
 LEAKY_PATCHES = ROOT / "tests" / "fixtures" / "leaky_patches.py"
 #: what each leaking cell's record names (tests/fixtures/leaks)
@@ -161,7 +197,8 @@ def test_the_scan_skips_namespaces_by_version_tag_and_still_sees_every_change():
     import torch
     import torch.nn.functional as F
 
-    from harness.rank import leaks, versiontags
+    from harness import versiontags
+    from harness.rank import leaks
 
     if sys.implementation.name == "cpython" and sys.version_info < (3, 14):
         assert versiontags.TAG_OFFSET is not None  # the fast path runs on the interpreters CI uses
@@ -191,7 +228,8 @@ def test_a_namespace_where_only_plain_values_moved_is_skipped_until_its_dict_cha
     replaced in it later is still found."""
     import torch.nn.functional as F
 
-    from harness.rank import leaks, versiontags
+    from harness import versiontags
+    from harness.rank import leaks
 
     if versiontags.TAG_OFFSET is None:
         pytest.skip("no dict version tags on this interpreter: every namespace is walked")

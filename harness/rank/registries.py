@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from harness.rank.versiontags import TAG_VALUE, dict_tag
+from harness.versiontags import TAG_VALUE, dict_tag
 
 __all__ = ["Registries"]
 

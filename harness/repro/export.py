@@ -23,7 +23,7 @@ HARNESS = Path(__file__).resolve().parents[1]
 #: harness modules the standalone script needs (all depend on torch alone)
 HARNESS_MODULES = ("vocabulary", "versions", "imports", "scenario.apis", "scenario.sharding", "scenario.expect", "scenario.symptoms", "scenario.spec", "spec", "train.step",
                    "plan.cells", "train.recipe", "train.reference", "train.compare", "train.norm_group", "train.gather",
-                   "train.ledger", "train.resources", "train.meta_build", "train.faults", "train.hooks", "train.probe", "train.requested", "train.fsdp", "undertest.source", "undertest.code_ran", "undertest.install", "scenario.load")
+                   "train.ledger", "train.resources", "train.meta_build", "train.faults", "train.hooks", "train.probe", "train.requested", "train.fsdp", "versiontags", "undertest.source", "undertest.code_ran", "undertest.install", "scenario.load")
 EXPORTED_PATCHES = "_exported_patches"
 _SCENARIO_IMPORT = re.compile(r"^\s*(?:from|import)\s+(scenarios\.[\w.]+)", re.M)
 

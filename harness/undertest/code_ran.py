@@ -31,6 +31,8 @@ import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
+from harness.versiontags import TAG_VALUE, dict_tag
+
 __all__ = ["MODULE", "RAN", "CodeIndex", "ProbedLoader", "begin", "digests", "install_finder", "merge", "precompile", "report"]
 
 #: the id suffix of a file's top-level code
@@ -119,9 +121,8 @@ def _compiled(path: str, fid: str, source: bytes) -> tuple[object, dict[str, str
 
 
 def precompile(root: Path) -> None:
-    """Compile the probed code of every file under ``root`` without running any of it, and note
-    which imported modules lie under no root (a process that forks cells does this once: each
-    cell's import then costs what an import from ``.pyc`` does)."""
+    """Compile the probed code of every file under ``root`` without running any, and note which imported modules lie under
+    no root (a process that forks cells does this once: each cell's import then costs what one from ``.pyc`` does)."""
     root = root.resolve()
     for path in sorted(root.rglob("*.py")) if root.is_dir() else [root]:
         try:
@@ -183,8 +184,7 @@ def begin() -> None:
 
 
 def merge(reports) -> dict[str, str]:
-    """Several ranks' ``report()`` in one; an id two ranks hashed differently (the file changed
-    between their imports) is ``"?"``, which matches no source."""
+    """Several ranks' ``report()`` in one; an id two ranks hashed differently (its file changed in between) is ``"?"``."""
     merged: dict[str, str] = {}
     for report in reports:
         for dep, digest in (report or {}).items():
@@ -202,7 +202,7 @@ def install_finder(root: Path) -> None:
 def report() -> dict[str, str]:
     """What of the modules under test (each root ``install_finder`` was given) ran here since ``begin``, hashed:
     the probed code that ran, each probed file's top-level code, the bytes of any file imported without probes."""
-    roots = _roots()
+    roots = [f.root for f in sys.meta_path if isinstance(f, _Finder)]
     found = {i: _LOADED.get(i.split("::")[0], {}).get(i.split("::", 1)[1], "?") for i in RAN if "::" in i}
     found |= {i: d for i in RAN if "::" not in i for r in roots if (d := CodeIndex(r).current(i)) is not None}
     found |= {f"{f}::{MODULE}": d[MODULE] for f, d in _LOADED.items()}
@@ -211,29 +211,29 @@ def report() -> dict[str, str]:
     return dict(sorted(found.items()))
 
 
-def _roots() -> list[Path]:
-    return [f.root for f in sys.meta_path if isinstance(f, _Finder)]
-
-
 def _bytes_digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()[:20]
 
 
-#: a ``sys.modules`` name -> (a weak reference to the module seen there, the roots it was looked at for, its file under
-#: one of them with the file's id, or None): each module is looked at once (a forked cell inherits what its zygote's
-#: ``precompile`` saw), not once per ``report``
-_SCANNED: dict[str, tuple[object, tuple[Path, ...], tuple[Path, str] | None]] = {}
+#: ``sys.modules`` name -> (a weak reference to the module seen there, the roots it was looked at for, its file under one
+#: of them with its id, or None): each module looked at once (a forked cell inherits what its zygote's ``precompile`` saw)
+_SCANNED: dict[str, tuple[object, tuple[str, ...], tuple[Path, str] | None]] = {}
+_LAST: list = [None, (), []]  #: the last scan: ``sys.modules``' dict version tag, the roots, what it found
 
 
 def _unprobed_under(roots: list[Path]) -> list[tuple[Path, str]]:
     """The ``.py`` files of imported modules, imported without probes, under one of ``roots``, with their ids."""
-    key, found = tuple(roots), []
+    key, tag = tuple(map(str, roots)), TAG_VALUE(dict_tag(sys.modules))
+    if _LAST[0] == tag and _LAST[1] == key:  # no module added, removed or replaced since
+        return _LAST[2]
+    found = []
     for name, module in list(sys.modules.items()):
         seen = _SCANNED.get(name)
         if seen is None or seen[1] != key or seen[0]() is not module:  # type: ignore[operator]
             seen = _SCANNED[name] = (_weak(module), key, _file_under(module, roots))
         if seen[2] is not None:
             found.append(seen[2])
+    _LAST[:] = [tag, key, found]
     return found
 
 

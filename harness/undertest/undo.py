@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
+from harness.versiontags import NO_TAG, TAG_VALUE, dict_tag, tag_of
+
 __all__ = ["SCOPES", "PatchUndo", "forget_module", "preload"]
 
 SCOPES = ("torch.distributed", "torch.nn.utils", "torch.optim")
@@ -26,35 +28,43 @@ _MISSING = object()
 
 @dataclass
 class PatchUndo:
-    """Attributes of in-scope modules and their classes, as they were at ``take()``."""
+    """Attributes of in-scope modules and their classes, as they were at ``take()``.
+
+    Each namespace's dict version tag is read at ``take()`` too (``harness.versiontags``):
+    ``changes`` and ``restore`` skip a namespace whose tag has not moved since, as nothing in it
+    changed (where the interpreter has no tag, every namespace is compared)."""
 
     modules: dict[str, dict[str, Any]] = field(default_factory=dict)
     classes: list[tuple[type, dict[str, Any]]] = field(default_factory=list)
+    #: per module name, and per class (``classes``' order): (the module or class, a reader of its dict's tag, the tag)
+    module_tags: dict[str, tuple[Any, Any, object]] = field(default_factory=dict)
+    class_tags: list[tuple[Any, Any, object]] = field(default_factory=list)
 
     @classmethod
     def take(cls) -> PatchUndo:
         preload()
         snap = cls()
         seen: set[int] = set()
-        for name, module in list(sys.modules.items()):
-            if not isinstance(module, ModuleType) or not _in_scope(name):
-                continue
-            attrs = dict(vars(module))
-            snap.modules[name] = attrs
-            for value in attrs.values():
-                if isinstance(value, type) and _in_scope(getattr(value, "__module__", "") or "") and id(value) not in seen:
+        for name, module in _scope():
+            snap.module_tags[name] = _tagged(module)  # the tag before the copy: a change in between shows as moved
+            attrs = snap.modules[name] = dict(vars(module))
+            for value in _classes_of(name, module, attrs):
+                if id(value) not in seen:
                     seen.add(id(value))
+                    snap.class_tags.append(_tagged(value))
                     snap.classes.append((value, dict(vars(value))))
         return snap
 
     def _targets(self):
-        """(label, object, attributes at snapshot time) for every module and class held."""
+        """(label, object, attributes at snapshot time) for every module and class held that may have changed."""
         for name, attrs in self.modules.items():
             module = sys.modules.get(name)
-            if module is not None:
+            held, reader, tag = self.module_tags.get(name, (None, NO_TAG, None))
+            if module is not None and not (module is held and TAG_VALUE(reader) == tag):
                 yield name, module, attrs
-        for klass, attrs in self.classes:
-            yield klass.__qualname__, klass, attrs
+        for (klass, attrs), (_, reader, tag) in zip(self.classes, self.class_tags):
+            if TAG_VALUE(reader) != tag:
+                yield klass.__qualname__, klass, attrs
 
     def changes(self) -> list[str]:
         """Names whose value differs from the snapshot (what ``restore`` would undo)."""
@@ -77,9 +87,9 @@ class PatchUndo:
 
 def forget_module(spec: str) -> None:
     """Drop a patches module (and its submodules) from ``sys.modules`` so it imports afresh."""
-    for name in list(sys.modules):
-        if name == spec or name.startswith(spec + ".") or name.startswith("_fsdp_compat_patches_"):
-            del sys.modules[name]
+    prefixes = (spec + ".", "_fsdp_compat_patches_")
+    for name in [n for n in sys.modules if n == spec or n.startswith(prefixes)]:
+        del sys.modules[name]
 
 
 #: Imported before a snapshot, so a patch cannot change a module the snapshot missed.
@@ -122,3 +132,36 @@ _PRELOADED = False
 
 def _in_scope(name: str) -> bool:
     return any(name == s or name.startswith(s + ".") for s in SCOPES)
+
+
+def _tagged(obj: Any) -> tuple[Any, Any, object]:
+    """``obj`` (kept alive: its reader holds no reference), a reader of its dict's version tag, the tag now."""
+    reader = tag_of(obj)
+    return obj, reader, TAG_VALUE(reader)
+
+
+#: (``sys.modules``' dict version tag, the in-scope (name, module) pairs then): the scan is made again once the tag moved
+_SCOPE: list = [None, []]
+#: module name -> (the module, its dict's tag reader, the tag, the in-scope classes its namespace held then)
+_CLASSES: dict[str, tuple[Any, Any, object, list[type]]] = {}
+
+
+def _scope() -> list[tuple[str, ModuleType]]:
+    """The in-scope modules of ``sys.modules``, looked for again only where a module was added, removed or replaced."""
+    tag = TAG_VALUE(dict_tag(sys.modules))
+    if _SCOPE[0] != tag:
+        _SCOPE[:] = [tag, [(n, m) for n, m in list(sys.modules.items()) if isinstance(m, ModuleType) and _in_scope(n)]]
+    return _SCOPE[1]
+
+
+def _classes_of(name: str, module: ModuleType, attrs: dict[str, Any]) -> list[type]:
+    """The in-scope classes among a module's attributes (``attrs``: a copy of them now), looked for
+    again only where the module's namespace changed since."""
+    known = _CLASSES.get(name)
+    if known is not None and known[0] is module and TAG_VALUE(known[1]) == known[2]:
+        return known[3]
+    reader = tag_of(module)
+    tag = TAG_VALUE(reader)
+    found = [v for v in attrs.values() if isinstance(v, type) and _in_scope(getattr(v, "__module__", "") or "")]
+    _CLASSES[name] = (module, reader, tag, found)
+    return found
