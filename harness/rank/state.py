@@ -282,7 +282,7 @@ class GlobalState:
             mutated = getattr(warnings, "_filters_mutated", None)
             if mutated is not None:
                 mutated()
-        stayed = set(self.changes())
+        stayed = set(self.changes()) if left else set()  # nothing named: nothing to look at again
         return [f"{c} (not undone)" if c in stayed and "cannot be set back" not in c else c for c in left]
 
 

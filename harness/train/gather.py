@@ -88,13 +88,16 @@ class Deferred:
         self.rank, self.world = rank, world
         self.pending: list[tuple[list[str], tuple[dict[str, Any], bytes], Full, dict[str, list[int]],
                                  dict[str, float]]] = []
+        #: (global shape, mesh id, placements) -> (the mesh, local shape, global offset): the same for every
+        #: snapshot of a param, so computed once per cell (the mesh is held: its id is not reused meanwhile)
+        self.layouts: dict[tuple, tuple[Any, tuple[int, ...], tuple[int, ...]]] = {}
 
     def capture(self, tensors: dict[str, torch.Tensor | None],
                 diverged: dict[str, float] | None = None) -> tuple[Full, dict[str, list[int]]]:
         """``diverged`` (filled at ``flush``): name -> the largest difference between replicas."""
         full: Full = {}
         inconsistent: dict[str, list[int]] = {}
-        pieces = _pack({n: (None if t is None else _pieces(t)) for n, t in tensors.items()})
+        pieces = _pack({n: (None if t is None else _pieces(t, self.layouts)) for n, t in tensors.items()})
         self.pending.append((list(tensors), pieces, full, inconsistent, diverged if diverged is not None else {}))
         return full, inconsistent
 
@@ -109,15 +112,19 @@ class Deferred:
             _assemble(names, [_unpack(*everyone[r][k]) for r in range(self.world)], full, inconsistent, diverged)
 
 
-def _pieces(t: torch.Tensor) -> tuple[tuple[int, ...], torch.dtype, tuple[int, ...], torch.Tensor]:
+def _pieces(t: torch.Tensor, layouts: dict) -> tuple[tuple[int, ...], torch.dtype, tuple[int, ...], torch.Tensor]:
     if not isinstance(t, DTensor):
         return tuple(t.shape), t.dtype, (0,) * t.dim(), t.detach().to("cpu", copy=True)
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-    local = t.to_local()
-    shape, offset = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)
-    assert tuple(local.shape) == tuple(shape), (tuple(local.shape), shape)
-    return tuple(t.shape), t.dtype, tuple(offset), local.detach().to("cpu", copy=True)
+    local, mesh, placements = t.to_local(), t.device_mesh, tuple(t.placements)
+    key = (tuple(t.shape), id(mesh), placements)
+    if key not in layouts:
+        shape, offset = compute_local_shape_and_global_offset(t.shape, mesh, placements)
+        layouts[key] = (mesh, tuple(shape), tuple(offset))
+    _, shape, offset = layouts[key]
+    assert tuple(local.shape) == shape, (tuple(local.shape), shape)
+    return tuple(t.shape), t.dtype, offset, local.detach().to("cpu", copy=True)
 
 
 def _assemble(names: list[str], per_rank: list[dict[str, Piece | None]], full: Full,
