@@ -219,3 +219,19 @@ def test_the_clip_is_judged_as_one_operation_from_fsdps_grads_and_its_norm():
 
 def test_the_clip_of_bf16_grads_is_judged_the_same_way():
     assert _clip_faults(0.01, torch.bfloat16) == {"none": set(), "norm": {"grad_norm"}, "scale": {"clipped"}}
+
+
+def test_a_cpu_batch_is_seeded_as_torch_manual_seed_seeds_it_without_queuing_accelerator_seeds(monkeypatch):
+    """Both sides seed each batch with ``recipe.seed_batch``: on CPU the CPU generator alone, drawing
+    what ``torch.manual_seed`` would give; elsewhere ``torch.manual_seed`` itself (every device's generator)."""
+    from harness.train import recipe
+
+    torch.manual_seed(11)
+    expected = torch.randn(4, 3)
+    torch.manual_seed(0)
+    calls = []
+    monkeypatch.setattr(torch, "manual_seed", lambda s: calls.append(s))
+    recipe.seed_batch(11, torch.device("cpu"))
+    assert torch.equal(torch.randn(4, 3), expected) and calls == []
+    recipe.seed_batch(12, torch.device("cuda", 0))
+    assert calls == [12]

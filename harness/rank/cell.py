@@ -147,7 +147,8 @@ class CellRun:
             outcome.patch_install = {n: self.installs[n] for n in cell.patches if n in self.installs}
             outcome.patch_changes = list(self.patch_changes)
             if observed is not None and outcome.ok:
-                save_observed(self.plan.observed_file(cell.index), observed)
+                with CLOCK.timed("gather"):  # handed to the judge's referee
+                    save_observed(self.plan.observed_file(cell.index), observed)
                 outcome.observed = True
         CLOCK.enter("agree")
         outcome.code_ran = code_ran.report() if cell.patches else {}
@@ -166,8 +167,7 @@ class CellRun:
         return not missing
 
     def _settle_groups(self, keys: CellKeys, recorded: bool) -> None:
-        """Keep the default group, and the probe answers the cell measured, for the slot's next
-        cell only where the judge said so."""
+        """Keep the default group, and the probe answers the cell measured, for the next cell only where the judge said so."""
 
         def judge_said(key: str) -> bool:
             return recorded and self.store.check([key]) and self.store.get(key) == b"1"
@@ -297,4 +297,4 @@ class CellRun:
             self.groups.open(cell, slot_rank0=slot_rank0, rank=rank, store=dist.PrefixStore(keys.group, self.store))
             probes = self.probes.begin(self.active, world_size=cell.world_size, slot_rank0=slot_rank0)
             return fsdp_run.train(scenario, cell, self.utilities, rank, cell.world_size, stamp=self.watchdog.stamp,
-                                  probes=probes)
+                                  probes=probes, timed=CLOCK.timed)

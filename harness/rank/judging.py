@@ -59,8 +59,9 @@ def check_saved(scenarios: dict[str, Scenario], cell: Cell, observed_file: str |
     """``check_against_reference`` on the snapshots the judging rank saved; a reference that
     raises is the cell's error, not a lost cell."""
     try:
-        return check_against_reference(scenario_for(scenarios, cell), load_observed(observed_file), cell, installs,
-                                       references=references)
+        with CLOCK.timed("gather"):  # what the judging rank handed over
+            observed = load_observed(observed_file)
+        return check_against_reference(scenario_for(scenarios, cell), observed, cell, installs, references=references)
     except Exception as e:
         return CellOutcome(status="error", exc_type=type(e).__name__, exc_msg=f"reference/compare failed: {e}"[:500],
                            traceback=traceback.format_exc()[-8000:])

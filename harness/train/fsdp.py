@@ -42,11 +42,12 @@ __all__ = ["FsdpSide", "build_model", "train"]
 
 def train(scenario: Scenario, cell: Cell, utilities: Utilities | None, rank: int, world: int,
           stamp: Callable[[str], object] = lambda phase: None,
-          probes: Probes | None = None) -> list[StepTensors]:
+          probes: Probes | None = None, timed: Callable[[str], Any] = lambda phase: contextlib.nullcontext()) -> list[StepTensors]:
     """Build, shard and train ``scenario`` on this rank; snapshots of every step.
 
     ``stamp(phase)`` is told where the rank is ("build model", "step 0 micro-batch 1
-    backward", ...), so a hang can be blamed on the rank that did not arrive. ``probes``:
+    backward", ...), so a hang can be blamed on the rank that did not arrive; ``timed(phase)``
+    charges a block of the harness's own work to ``phase`` (``harness.rank.phases``). ``probes``:
     the reduction probe's earlier answers with this patch set, by (backend, shard group,
     dtype); every rank of the group must hold the same, or some would skip its collectives."""
     device = _rank_device(cell.device)
@@ -56,18 +57,19 @@ def train(scenario: Scenario, cell: Cell, utilities: Utilities | None, rank: int
     api = scenario.api if cell.variant == "api" else None
     model = build_model(scenario, mesh, cell.device, api=api)
     sums = measure_reduction(scenario, cell, model, mesh, device, probes, stamp)
-    side = FsdpSide(scenario, cell, model, mesh, device, utilities, rank=rank, world=world, stamp=stamp)
+    side = FsdpSide(scenario, cell, model, mesh, device, utilities, rank=rank, world=world, stamp=stamp, timed=timed)
     measure = side.measure if rank == 0 and held.enabled(scenario.measures("resources")) else None  # rank 0's record
     with collectives.recording() as side.ledger:  # the scenario's collectives only (``harness.train.ledger``)
         observed = recipe.train(scenario, side, side.named, after_step=measure)
-    for snap in observed:  # filled when the snapshots were gathered
-        snap.diverged = {f"{kind} {name}": gap for step, kind, gaps in side.replicas if step == snap.step
-                         for name, gap in gaps.items()}
-    if observed:
-        observed[0].reduction_sums = sums
-        observed[0].ledger = side.ledger.rows() if side.ledger is not None else None
-        observed[0].resources = side.resources or None
-        observed[0].sharding = sharding_problems(model, scenario, cell, ledger=observed[0].ledger)
+    with timed("compare"):  # the harness's checks of what FSDP2 did
+        for snap in observed:  # filled when the snapshots were gathered
+            snap.diverged = {f"{kind} {name}": gap for step, kind, gaps in side.replicas if step == snap.step
+                             for name, gap in gaps.items()}
+        if observed:
+            observed[0].reduction_sums = sums
+            observed[0].ledger = side.ledger.rows() if side.ledger is not None else None
+            observed[0].resources = side.resources or None
+            observed[0].sharding = sharding_problems(model, scenario, cell, ledger=observed[0].ledger)
     return observed
 
 
@@ -142,9 +144,10 @@ class FsdpSide:
 
     def __init__(self, scenario: Scenario, cell: Cell, model: nn.Module, mesh: DeviceMesh, device: torch.device,
                  utilities: Utilities | None, *, rank: int, world: int,
-                 stamp: Callable[[str], object] = lambda phase: None) -> None:
+                 stamp: Callable[[str], object] = lambda phase: None,
+                 timed: Callable[[str], Any] = lambda phase: contextlib.nullcontext()) -> None:
         self.scenario, self.cell, self.model, self.mesh, self.device = scenario, cell, model, mesh, device
-        self.utilities, self.rank, self.world, self.stamp = utilities or Utilities(), rank, world, stamp
+        self.utilities, self.rank, self.world, self.stamp, self.timed = utilities or Utilities(), rank, world, stamp, timed
         self.named = dict(model.named_parameters())
         #: plain placements: snapshots are captured now and gathered together in ``flush``
         self.deferred = Deferred(rank=rank, world=world) if plain_placements(list(self.named.values())) else None
@@ -164,7 +167,8 @@ class FsdpSide:
     def measure(self, step: int, snapshots: list[StepTensors]) -> None:
         """Live tensors after the optimizer step, less the harness's own snapshot copies."""
         exclude = (snapshots, self.deferred.pending if self.deferred is not None else None)
-        self.resources.append(held.measure(step, device=self.device, exclude=exclude).row())
+        with self.timed("compare"):
+            self.resources.append(held.measure(step, device=self.device, exclude=exclude).row())
 
     def _at(self, phase: str | None, micro_batch: int | None = None) -> None:
         if self.ledger is not None:
@@ -195,7 +199,7 @@ class FsdpSide:
         if self.scenario.sharding.replicate > 1:
             self.model.set_requires_all_reduce(micro_batch.all_reduce)
         ctx = Ctx(rank=self.dp_rank, world_size=self.dp_world, step=step, micro_batch=k)
-        torch.manual_seed(self.scenario.batch_seed(ctx))
+        recipe.seed_batch(self.scenario.batch_seed(ctx), self.device)
         batch = move_batch(self.scenario.batch(ctx), self.device)
         self.stamp(f"step {step} micro-batch {k} forward")
         self._at("forward", k)
@@ -263,18 +267,20 @@ class FsdpSide:
         """Gather every snapshot captured so far (one collective); rank 0's dicts fill in."""
         self._at(None)
         if self.deferred is not None:
-            self.stamp(f"step {self.step} gather snapshots")
-            self.deferred.flush()
+            with self.timed("gather"):
+                self.stamp(f"step {self.step} gather snapshots")
+                self.deferred.flush()
 
     def _snapshot(self, tensors: dict[str, torch.Tensor | None], what: str, kind: str):
         self._at(None)  # the harness's gathers are not the scenario's; what follows is the optimizer's
         try:
-            if self.deferred is not None:
-                diverged: dict[str, float] = {}
-                self.replicas.append((self.step, kind, diverged))
-                return self.deferred.capture(tensors, diverged)
-            self.stamp(f"step {self.step} gather {what}")
-            return gather_full(tensors, rank=self.rank, world=self.world, fast=False)
+            with self.timed("gather"):  # the copies too; then back to the phase that ran
+                if self.deferred is not None:
+                    diverged: dict[str, float] = {}
+                    self.replicas.append((self.step, kind, diverged))
+                    return self.deferred.capture(tensors, diverged)
+                self.stamp(f"step {self.step} gather {what}")
+                return gather_full(tensors, rank=self.rank, world=self.world, fast=False)
         finally:
             self._at("optimizer")
 

@@ -24,7 +24,7 @@ from torch import nn
 from harness.scenario.spec import Clip, MicroBatch, Scenario
 from harness.train.step import StepTensors
 
-__all__ = ["Side", "set_to_none_after", "train"]
+__all__ = ["Side", "seed_batch", "set_to_none_after", "train"]
 
 Grads = dict[str, "torch.Tensor | None"]
 
@@ -59,6 +59,17 @@ class Side(Protocol):
 
     def flush(self) -> None:
         """Complete the snapshots taken so far (the FSDP2 side gathers them here)."""
+
+
+def seed_batch(seed: int, device: torch.device) -> None:
+    """Seed the generator a scenario's ``batch`` draws from, on both sides alike. ``torch.manual_seed``
+    also queues the seed for each accelerator type not initialized, with a formatted stack each time
+    (0.25 ms a call, measured; a cell calls it once per rank and micro-batch, its reference once per
+    rank, micro-batch and replica); a CPU cell draws from the CPU generator alone, so only it is seeded."""
+    if device.type == "cpu":
+        torch.default_generator.manual_seed(seed)
+    else:
+        torch.manual_seed(seed)
 
 
 def set_to_none_after(step: int) -> bool:

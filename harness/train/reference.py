@@ -227,7 +227,7 @@ class ReferenceSide:
         total: dict[str, torch.Tensor] = {}
         for rank in range(self.world_size):
             ctx = Ctx(rank=rank, world_size=self.world_size, step=step, micro_batch=k)
-            torch.manual_seed(s.batch_seed(ctx))
+            recipe.seed_batch(s.batch_seed(ctx), self.device)
             batch = move_batch(s.batch(ctx), self.device)
             replica = self.model
             if compute_dtype is not None:
