@@ -113,7 +113,7 @@ class LaunchPlan:
         return self._file(f"rank{rank}.phases" if cell is None else f"rank{rank}.{what}{cell}.phases")
 
     def observed_file(self, cell: int) -> Path:
-        """What FSDP2 produced in ``cell`` (its judge's snapshots, ``torch.save``), for the reference process."""
+        """What FSDP2 produced in ``cell`` (its judge's snapshots, ``harness.rank.handoff``), for the reference process."""
         return self._file(f"cell{cell}.observed.pt")
 
     def verdict_file(self, cell: int) -> Path:

@@ -20,13 +20,13 @@ reduction sums (``harness.train.probe.reduction_sums``); a sum measured anywhere
 from __future__ import annotations
 
 import os
-import shutil
 import traceback
 from pathlib import Path
 
 import torch
 
 from harness.plan.cells import Cell
+from harness.rank import handoff
 from harness.rank.phases import CLOCK
 from harness.results.outcome import CellOutcome
 from harness.scenario.spec import Scenario
@@ -155,17 +155,17 @@ def _affected(scenario: Scenario, cell: Cell, reference: list[StepTensors], quir
 
 
 def save_observed(path: str | os.PathLike, observed: list[StepTensors]) -> None:
-    """What FSDP2 produced, for the reference process (and ``run --dump``)."""
-    torch.save([s.__dict__ for s in observed], path)
+    """What FSDP2 produced, for the reference process (and ``run --dump``): ``harness.rank.handoff``."""
+    handoff.save([s.__dict__ for s in observed], path)
 
 
 def load_observed(path: str | os.PathLike) -> list[StepTensors]:
-    return [StepTensors(**d) for d in torch.load(path, weights_only=False)]
+    return [StepTensors(**d) for d in handoff.load(path)]
 
 
 def dump(folder: str | os.PathLike, cell: Cell, observed_file: str | os.PathLike) -> None:
     """Keep the observed snapshots (for determinism checks and local reproduction)."""
     os.makedirs(folder, exist_ok=True)
     target = Path(folder) / f"{cell.scenario}-{cell.variant}-{cell.device}-w{cell.world_size}.pt"
-    shutil.copyfile(observed_file, target)
+    torch.save(handoff.load(observed_file), target)  # as ``torch.load`` reads it
 
