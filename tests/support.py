@@ -8,7 +8,31 @@ FIXTURE_SCENARIOS = ROOT / "tests" / "fixtures" / "scenarios"
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-__all__ = ["FIXTURE_SCENARIOS", "ROOT", "make_record", "record_fields"]
+__all__ = ["FIXTURE_SCENARIOS", "GLOO_TIMEOUT_S", "ROOT", "make_record", "record_fields", "run_ranks"]
+
+
+#: the process-group timeout of the tests' own ranks (gloo's default is 30 minutes)
+GLOO_TIMEOUT_S = 60
+
+
+def run_ranks(fn, args: tuple, nprocs: int = 2, timeout_s: float = 240) -> None:
+    """``fn(rank, *args)`` in ``nprocs`` processes, an error after ``timeout_s`` rather than a hang.
+
+    Spawned, not forked: a fork of a pytest-xdist worker copies it while its I/O thread may hold
+    a lock (the import lock, a stream's), and a child that needs that lock waits forever (seen once:
+    both ranks idle, the test stuck until killed)."""
+    import time
+
+    import pytest
+    import torch.multiprocessing as mp
+
+    ranks = mp.start_processes(fn, args=args, nprocs=nprocs, start_method="spawn", join=False)
+    deadline = time.monotonic() + timeout_s
+    while not ranks.join(timeout=max(0.1, deadline - time.monotonic())):
+        if time.monotonic() >= deadline:
+            for process in ranks.processes:
+                process.kill()
+            pytest.fail(f"{fn.__name__}: its {nprocs} ranks still ran after {timeout_s} s (killed)")
 
 
 def record_fields(**fields) -> dict:

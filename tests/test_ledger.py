@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 
 import pytest
 import torch
@@ -12,7 +13,7 @@ from torch.distributed import _functional_collectives as funcol
 from harness.results.ledger_changes import describe, ledger_summaries, run_changes, summarise, version_changes
 from harness.results.record import Record
 from harness.train.ledger import Entry, Ledger, at_most, check_problems, recording
-from tests.support import record_fields
+from tests.support import GLOO_TIMEOUT_S, record_fields, run_ranks
 
 
 def _rows(rs_dtype: str = "bfloat16", backward_gathers: int = 4) -> list[list]:
@@ -165,7 +166,8 @@ def _train_two_ranks(rank: int, store_dir: str, out: str) -> None:
     from harness.train import fsdp
 
     fsdp.plain_placements = lambda params: False  # (a forked child) gather full tensors one by one, with DTensor
-    dist.init_process_group("gloo", init_method=f"file://{store_dir}/store", rank=rank, world_size=2)
+    dist.init_process_group("gloo", init_method=f"file://{store_dir}/store", rank=rank, world_size=2,
+                            timeout=timedelta(seconds=GLOO_TIMEOUT_S))
     try:
         scenario = Scenario(name="t", model=lambda: nn.Sequential(nn.Linear(3, 5), nn.Linear(5, 2)),
                             batch=lambda ctx: torch.randn(2, 3), sharding=Sharding(units=("0", "1")),
@@ -181,10 +183,8 @@ def _train_two_ranks(rank: int, store_dir: str, out: str) -> None:
 
 
 def test_the_fsdp_side_records_the_scenarios_collectives_only(tmp_path):
-    import torch.multiprocessing as mp
-
     out = tmp_path / "ledger.json"
-    mp.start_processes(_train_two_ranks, args=(str(tmp_path), str(out)), nprocs=2, start_method="fork")
+    run_ranks(_train_two_ranks, (str(tmp_path), str(out)))
     rows = json.loads(out.read_text())
     phases = {(r[0], r[2], r[3]): r[6] for r in rows}
     for step in (0, 1):  # the harness's snapshot gathers (DTensor full_tensor) and presence exchange are not

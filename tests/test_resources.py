@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 
 import pytest
 import torch
@@ -10,7 +11,7 @@ import torch.distributed as dist
 
 from harness.results.record import Record
 from harness.train.resources import MIN_STEPS, StepResources, enabled, growth_problems, measure, tensor_ids
-from tests.support import record_fields
+from tests.support import GLOO_TIMEOUT_S, record_fields, run_ranks
 
 
 def _rows(tensors: list[int], nbytes: list[int] | None = None, cuda: list[int] | None = None) -> list[list]:
@@ -114,7 +115,8 @@ def _train_and_judge(rank: int, store_dir: str, out: str, opt_in: bool) -> None:
         _LEAK.append(torch.zeros(16))  # what a per-step leak in the training step looks like from outside
         return mean_square(model(batch))
 
-    dist.init_process_group("gloo", init_method=f"file://{store_dir}/store", rank=rank, world_size=2)
+    dist.init_process_group("gloo", init_method=f"file://{store_dir}/store", rank=rank, world_size=2,
+                            timeout=timedelta(seconds=GLOO_TIMEOUT_S))
     try:
         scenario = Scenario(name="t", model=lambda: nn.Sequential(nn.Linear(3, 5), nn.Linear(5, 2)),
                             batch=lambda ctx: torch.randn(2, 3), sharding=Sharding(units=("0", "1")),
@@ -132,10 +134,8 @@ def _train_and_judge(rank: int, store_dir: str, out: str, opt_in: bool) -> None:
 
 @pytest.mark.parametrize("opt_in", [True, False])
 def test_a_leaking_cell_is_a_mismatch_only_where_the_scenario_opts_in(tmp_path, opt_in):
-    import torch.multiprocessing as mp
-
     out = tmp_path / "fields.json"
-    mp.start_processes(_train_and_judge, args=(str(tmp_path), str(out), opt_in), nprocs=2, start_method="fork")
+    run_ranks(_train_and_judge, (str(tmp_path), str(out), opt_in))
     fields = json.loads(out.read_text())
     if opt_in:
         assert [r[0] for r in fields["resources"]] == list(range(5))
