@@ -113,18 +113,22 @@ class Deferred:
 
 
 def _pieces(t: torch.Tensor, layouts: dict) -> tuple[tuple[int, ...], torch.dtype, tuple[int, ...], torch.Tensor]:
+    """(global shape, dtype, global offset, the local piece on the CPU: not a copy where it is there already, as
+    ``_pack`` copies every piece into the snapshot's buffer at once)."""
     if not isinstance(t, DTensor):
-        return tuple(t.shape), t.dtype, (0,) * t.dim(), t.detach().to("cpu", copy=True)
+        return tuple(t.shape), t.dtype, (0,) * t.dim(), t.detach().to("cpu")
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-    local, mesh, placements = t.to_local(), t.device_mesh, tuple(t.placements)
+    # the local tensor itself, not through ``to_local``'s autograd function (a snapshot is detached)
+    local = getattr(t, "_local_tensor", None)
+    local, mesh, placements = t.to_local() if local is None else local, t.device_mesh, tuple(t.placements)
     key = (tuple(t.shape), id(mesh), placements)
     if key not in layouts:
         shape, offset = compute_local_shape_and_global_offset(t.shape, mesh, placements)
         layouts[key] = (mesh, tuple(shape), tuple(offset))
     _, shape, offset = layouts[key]
     assert tuple(local.shape) == shape, (tuple(local.shape), shape)
-    return tuple(t.shape), t.dtype, offset, local.detach().to("cpu", copy=True)
+    return tuple(t.shape), t.dtype, offset, local.detach().to("cpu")
 
 
 def _assemble(names: list[str], per_rank: list[dict[str, Piece | None]], full: Full,
