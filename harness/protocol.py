@@ -114,7 +114,7 @@ class LaunchPlan:
 
     def observed_file(self, cell: int) -> Path:
         """What FSDP2 produced in ``cell`` (its judge's snapshots, ``harness.rank.handoff``), for the reference process."""
-        return self._file(f"cell{cell}.observed.pt")
+        return self._file(f"cell{cell}.observed")
 
     def verdict_file(self, cell: int) -> Path:
         """The referee's outcome of ``cell`` (``CellOutcome.to_json``)."""

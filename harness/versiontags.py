@@ -1,5 +1,7 @@
 """Dict version tags (PEP 509): a cheap "has this namespace changed since?" for the isolation
-scan (``harness.rank.leaks.TorchAttributes``). CPython bumps a dict's ``ma_version_tag`` on
+scan (``harness.rank.leaks.TorchAttributes``, ``harness.rank.registries``), the patch-set undo
+(``harness.undertest.undo``) and the scan of imported modules (``harness.undertest.code_ran``,
+through ``sys.modules``' own tag). CPython bumps a dict's ``ma_version_tag`` on
 every change; ``tag_of`` gives a live reader of it for a module's or class's attribute dict.
 Where the interpreter has no such tag (checked at import on a dict of our own), every reader is
 ``NO_TAG``, which reads as changed every time: the scan then compares every namespace in full.

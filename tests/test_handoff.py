@@ -19,6 +19,7 @@ def test_every_kind_of_tensor_comes_back_equal_with_its_dtype_and_shape(tmp_path
         "layouts": {"zero_dim": torch.tensor(2.5), "empty": torch.empty(0, 4), "transposed": base.t(),
                     "slice": base[1:3, 2:5], "strided": base[:, ::2]},
         "twice": (shared, shared),
+        "conj": torch.randn(3, dtype=torch.complex64).conj(), "sparse": torch.eye(3).to_sparse(),
         "grad": torch.ones(2, requires_grad=True), "param": nn.Parameter(torch.full((2,), 3.0)),
     }]
     handoff.save(obj, tmp_path / "h")
@@ -27,7 +28,8 @@ def test_every_kind_of_tensor_comes_back_equal_with_its_dtype_and_shape(tmp_path
     def same(a, b):
         assert type(a) is type(b)
         if isinstance(a, torch.Tensor):
-            assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b) and a.requires_grad == b.requires_grad
+            assert a.dtype == b.dtype and a.shape == b.shape and a.requires_grad == b.requires_grad
+            assert torch.equal(a.to_dense(), b.to_dense()) if a.is_sparse else torch.equal(a, b)
         elif isinstance(a, dict):
             assert a.keys() == b.keys()
             for k in a:
@@ -58,3 +60,14 @@ def test_a_truncated_hand_off_is_an_error_not_zeros(tmp_path):
     (tmp_path / "h").write_bytes(data[:-100])
     with pytest.raises(ValueError, match="shorter"):
         handoff.load(tmp_path / "h")
+
+
+def test_loaded_with_copies_it_is_what_torch_save_and_load_keep(tmp_path):
+    """``run --dump``: views of one buffer as several dtypes are refused by ``torch.save``; copies are not."""
+    obj = {"fp32": torch.randn(3), "bf16": torch.randn(4).to(torch.bfloat16), "int": torch.arange(2)}
+    handoff.save(obj, tmp_path / "h")
+    with pytest.raises(RuntimeError):
+        torch.save(handoff.load(tmp_path / "h"), tmp_path / "views.pt")
+    torch.save(handoff.load(tmp_path / "h", copies=True), tmp_path / "dump.pt")
+    back = torch.load(tmp_path / "dump.pt")
+    assert all(torch.equal(back[k], obj[k]) and back[k].dtype == obj[k].dtype for k in obj)

@@ -165,7 +165,7 @@ def _train_two_ranks(rank: int, store_dir: str, out: str) -> None:
     from harness.spec import Clip, Scenario, Sharding
     from harness.train import fsdp
 
-    fsdp.plain_placements = lambda params: False  # (a forked child) gather full tensors one by one, with DTensor
+    fsdp.plain_placements = lambda params: False  # (a spawned child) gather full tensors one by one, with DTensor
     dist.init_process_group("gloo", init_method=f"file://{store_dir}/store", rank=rank, world_size=2,
                             timeout=timedelta(seconds=GLOO_TIMEOUT_S))
     try:

@@ -15,7 +15,7 @@ def _launch(folder, launch_id, age_s, *, handoff=False):
     names = [f"{launch_id}.json", f"{launch_id}.log", f"{launch_id}.progress", f"{launch_id}.rank0.phases",
              f"{launch_id}.rank1.crash"]
     if handoff:
-        names += [f"{launch_id}.cell3.observed.pt", f"{launch_id}.cell3.verdict.json"]
+        names += [f"{launch_id}.cell3.observed", f"{launch_id}.cell2.observed.pt", f"{launch_id}.cell3.verdict.json"]
         (folder / f"{launch_id}.references").mkdir()
         (folder / f"{launch_id}.references" / "ref.pt").write_bytes(b"x")
     then = time.time() - age_s
@@ -45,7 +45,8 @@ def test_launches_beyond_the_newest_go_with_their_hand_off_and_recent_or_foreign
         assert not [n for n in left if n.startswith(launch + ".")], launch
     for launch in newest:
         assert {f"{launch}.json", f"{launch}.log", f"{launch}.rank1.crash"} <= left
-        assert not {f"{launch}.cell3.observed.pt", f"{launch}.cell3.verdict.json", f"{launch}.references"} & left
+        assert not {f"{launch}.cell3.observed", f"{launch}.cell2.observed.pt", f"{launch}.cell3.verdict.json",
+                    f"{launch}.references"} & left
     assert f"{busy}.rank0.phases" in left and "notes.txt" in left
 
 

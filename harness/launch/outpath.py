@@ -35,7 +35,7 @@ _PLAN = re.compile(r"(?P<launch>.+-L\d+(?:-[0-9a-f]{6})?)\.json")
 #: the launch a file of the folder belongs to: its name up to the first dot after the launch id
 _OWNER = re.compile(r"(?P<launch>.+?-L\d+(?:-[0-9a-f]{6})?)\.")
 #: what a launch hands between its processes (``drop_handoff``), by name
-_HANDOFF = re.compile(r"\.cell\d+\.(?:observed\.pt|verdict\.json)|\.references")
+_HANDOFF = re.compile(r"\.cell\d+\.(?:observed(?:\.pt)?|verdict\.json)|\.references")  # .pt: before the handoff format
 
 
 def prepare_out(out: Path, log_dir: Path, reuse_from: list[str] | tuple[str, ...] = ()) -> None:

@@ -6,8 +6,8 @@ value, per step), so the archive's bookkeeping was most of the hand-off (a 180-t
 save and 4.6 ms to load, against 0.9 and 0.6 ms this way, measured side by side). Here the object is pickled with
 each plain CPU tensor replaced by its index (``persistent_id``), and the tensors' bytes follow the pickle, each
 starting on a 64-byte boundary, so loading makes every tensor a view of one buffer read in one call. A tensor held
-twice comes back as one tensor; anything else (a tensor subclass, one that requires grad, a tensor on another
-device) is pickled as torch pickles it.
+twice comes back as one tensor; anything else (a tensor subclass, one that requires grad, one on another device,
+a sparse or quantized one) is pickled as torch pickles it.
 
 Layout: 8 bytes (little-endian) giving the header's length, the header (a pickle of the object's pickle, each
 tensor's dtype, shape, offset and byte count, and the tensors' bytes in all), zero padding to 64 bytes, then the
@@ -35,7 +35,8 @@ class _Saver(pickle.Pickler):
         self.index: dict[int, int] = {}
 
     def persistent_id(self, obj: Any) -> int | None:
-        if type(obj) is not torch.Tensor or obj.device.type != "cpu" or obj.requires_grad:
+        if type(obj) is not torch.Tensor or obj.device.type != "cpu" or obj.requires_grad \
+                or obj.layout is not torch.strided or obj.is_quantized:
             return None
         if id(obj) not in self.index:
             self.index[id(obj)] = len(self.tensors)
@@ -58,7 +59,7 @@ def save(obj: Any, path: str | os.PathLike) -> None:
     saver.dump(obj)
     meta, blobs, start = [], [], 0
     for t in saver.tensors:
-        flat = t.detach().contiguous().reshape(-1).view(torch.uint8)
+        flat = t.detach().resolve_conj().resolve_neg().contiguous().reshape(-1).view(torch.uint8)
         meta.append((t.dtype, tuple(t.shape), start, flat.numel()))
         pad = -flat.numel() % _ALIGN
         blobs += [flat, torch.zeros(pad, dtype=torch.uint8)] if pad else [flat]
@@ -72,7 +73,9 @@ def save(obj: Any, path: str | os.PathLike) -> None:
             f.write(torch.cat(blobs).numpy().data)
 
 
-def load(path: str | os.PathLike) -> Any:
+def load(path: str | os.PathLike, *, copies: bool = False) -> Any:
+    """The object ``save`` wrote; its tensors are views of one buffer, or (``copies``) each a tensor
+    of its own, as ``torch.save`` needs them (it refuses views of one storage as different dtypes)."""
     with open(path, "rb") as f:
         size = int.from_bytes(f.read(8), "little")
         body, meta, total = pickle.loads(f.read(size))
@@ -83,4 +86,6 @@ def load(path: str | os.PathLike) -> Any:
     buffer = torch.frombuffer(data, dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
     tensors = [buffer[start:start + n].view(dtype).reshape(shape) if n else torch.empty(shape, dtype=dtype)
                for dtype, shape, start, n in meta]
+    if copies:
+        tensors = [t.clone() for t in tensors]
     return _Loader(io.BytesIO(body), tensors).load()

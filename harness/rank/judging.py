@@ -167,5 +167,6 @@ def dump(folder: str | os.PathLike, cell: Cell, observed_file: str | os.PathLike
     """Keep the observed snapshots (for determinism checks and local reproduction)."""
     os.makedirs(folder, exist_ok=True)
     target = Path(folder) / f"{cell.scenario}-{cell.variant}-{cell.device}-w{cell.world_size}.pt"
-    torch.save(handoff.load(observed_file), target)  # as ``torch.load`` reads it
+    with CLOCK.timed("gather"):
+        torch.save(handoff.load(observed_file, copies=True), target)  # as ``torch.load`` reads it
 

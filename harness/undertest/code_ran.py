@@ -240,7 +240,7 @@ def _unprobed_under(roots: list[Path]) -> list[tuple[Path, str]]:
 def _weak(module: object):
     try:
         return weakref.ref(module)
-    except TypeError:  # an object that is no module and takes no weak reference: looked at every time
+    except TypeError:  # an object that is no module and takes no weak reference: looked at on every scan
         return lambda: None
 
 

@@ -46,9 +46,9 @@ class PatchUndo:
         snap = cls()
         seen: set[int] = set()
         for name, module in _scope():
-            snap.module_tags[name] = _tagged(module)  # the tag before the copy: a change in between shows as moved
+            snap.module_tags[name] = tagged = _tagged(module)  # the tag before the copy: a change in between shows
             attrs = snap.modules[name] = dict(vars(module))
-            for value in _classes_of(name, module, attrs):
+            for value in _classes_of(name, module, attrs, tagged):
                 if id(value) not in seen:
                     seen.add(id(value))
                     snap.class_tags.append(_tagged(value))
@@ -62,7 +62,8 @@ class PatchUndo:
             held, reader, tag = self.module_tags.get(name, (None, NO_TAG, None))
             if module is not None and not (module is held and TAG_VALUE(reader) == tag):
                 yield name, module, attrs
-        for (klass, attrs), (_, reader, tag) in zip(self.classes, self.class_tags):
+        for i, (klass, attrs) in enumerate(self.classes):
+            _, reader, tag = self.class_tags[i] if i < len(self.class_tags) else (None, NO_TAG, None)
             if TAG_VALUE(reader) != tag:
                 yield klass.__qualname__, klass, attrs
 
@@ -154,14 +155,12 @@ def _scope() -> list[tuple[str, ModuleType]]:
     return _SCOPE[1]
 
 
-def _classes_of(name: str, module: ModuleType, attrs: dict[str, Any]) -> list[type]:
-    """The in-scope classes among a module's attributes (``attrs``: a copy of them now), looked for
-    again only where the module's namespace changed since."""
+def _classes_of(name: str, module: ModuleType, attrs: dict[str, Any], tagged: tuple[Any, Any, object]) -> list[type]:
+    """The in-scope classes among a module's attributes (``attrs``: a copy of them made after its tag
+    was read, ``tagged``), looked for again only where the module's namespace changed since."""
     known = _CLASSES.get(name)
     if known is not None and known[0] is module and TAG_VALUE(known[1]) == known[2]:
         return known[3]
-    reader = tag_of(module)
-    tag = TAG_VALUE(reader)
     found = [v for v in attrs.values() if isinstance(v, type) and _in_scope(getattr(v, "__module__", "") or "")]
-    _CLASSES[name] = (module, reader, tag, found)
+    _CLASSES[name] = (*tagged, found)
     return found
