@@ -95,10 +95,10 @@ def _prune(log_dir: Path, *, keep: int = KEEP_LAUNCHES, idle_s: float = IDLE_S, 
                 times.append(f.stat().st_mtime)
         return max(times)
 
-    now, newest = time.time(), sorted(launches, key=last_write, reverse=True)
-    for n, launch in enumerate(newest):
+    now, written = time.time(), {launch: last_write(launch) for launch in launches}
+    for n, launch in enumerate(sorted(launches, key=written.__getitem__, reverse=True)):
         files = launches[launch]
-        if now - last_write(launch) < idle_s:
+        if now - written[launch] < idle_s:
             continue
         whole = n >= keep and f"{launch}.log" not in named()
         for f in files if whole else [f for f in files if _HANDOFF.fullmatch(f.name[len(launch):])]:

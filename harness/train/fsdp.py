@@ -39,10 +39,13 @@ from harness.undertest.source import Utilities
 
 __all__ = ["FsdpSide", "build_model", "train"]
 
+#: what ``timed(phase)`` gives where no phase clock is passed in
+_UNTIMED = contextlib.nullcontext()
+
 
 def train(scenario: Scenario, cell: Cell, utilities: Utilities | None, rank: int, world: int,
           stamp: Callable[[str], object] = lambda phase: None,
-          probes: Probes | None = None, timed: Callable[[str], Any] = lambda phase: contextlib.nullcontext()) -> list[StepTensors]:
+          probes: Probes | None = None, timed: Callable[[str], Any] = lambda phase: _UNTIMED) -> list[StepTensors]:
     """Build, shard and train ``scenario`` on this rank; snapshots of every step.
 
     ``stamp(phase)`` is told where the rank is ("build model", "step 0 micro-batch 1
@@ -145,7 +148,7 @@ class FsdpSide:
     def __init__(self, scenario: Scenario, cell: Cell, model: nn.Module, mesh: DeviceMesh, device: torch.device,
                  utilities: Utilities | None, *, rank: int, world: int,
                  stamp: Callable[[str], object] = lambda phase: None,
-                 timed: Callable[[str], Any] = lambda phase: contextlib.nullcontext()) -> None:
+                 timed: Callable[[str], Any] = lambda phase: _UNTIMED) -> None:
         self.scenario, self.cell, self.model, self.mesh, self.device = scenario, cell, model, mesh, device
         self.utilities, self.rank, self.world, self.stamp, self.timed = utilities or Utilities(), rank, world, stamp, timed
         self.named = dict(model.named_parameters())

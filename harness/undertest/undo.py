@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from harness.versiontags import NO_TAG, TAG_VALUE, dict_tag, tag_of
+from harness.versiontags import TAG_VALUE, dict_tag, tag_of
 
 __all__ = ["SCOPES", "PatchUndo", "forget_module", "preload"]
 
@@ -59,12 +59,10 @@ class PatchUndo:
         """(label, object, attributes at snapshot time) for every module and class held that may have changed."""
         for name, attrs in self.modules.items():
             module = sys.modules.get(name)
-            held, reader, tag = self.module_tags.get(name, (None, NO_TAG, None))
-            if module is not None and not (module is held and TAG_VALUE(reader) == tag):
+            if module is not None and not _unmoved(self.module_tags.get(name), module):
                 yield name, module, attrs
         for i, (klass, attrs) in enumerate(self.classes):
-            _, reader, tag = self.class_tags[i] if i < len(self.class_tags) else (None, NO_TAG, None)
-            if TAG_VALUE(reader) != tag:
+            if not _unmoved(self.class_tags[i] if i < len(self.class_tags) else None, klass):
                 yield klass.__qualname__, klass, attrs
 
     def changes(self) -> list[str]:
@@ -141,6 +139,11 @@ def _tagged(obj: Any) -> tuple[Any, Any, object]:
     return obj, reader, TAG_VALUE(reader)
 
 
+def _unmoved(tagged: tuple[Any, Any, object] | None, obj: Any) -> bool:
+    """Whether ``tagged`` (``_tagged``'s, or None) is ``obj``'s and its dict's tag has not moved since."""
+    return tagged is not None and tagged[0] is obj and TAG_VALUE(tagged[1]) == tagged[2]
+
+
 #: (``sys.modules``' dict version tag, the in-scope (name, module) pairs then): the scan is made again once the tag moved
 _SCOPE: list = [None, []]
 #: module name -> (the module, its dict's tag reader, the tag, the in-scope classes its namespace held then)
@@ -159,7 +162,7 @@ def _classes_of(name: str, module: ModuleType, attrs: dict[str, Any], tagged: tu
     """The in-scope classes among a module's attributes (``attrs``: a copy of them made after its tag
     was read, ``tagged``), looked for again only where the module's namespace changed since."""
     known = _CLASSES.get(name)
-    if known is not None and known[0] is module and TAG_VALUE(known[1]) == known[2]:
+    if known is not None and _unmoved(known[:3], module):
         return known[3]
     found = [v for v in attrs.values() if isinstance(v, type) and _in_scope(getattr(v, "__module__", "") or "")]
     _CLASSES[name] = (*tagged, found)
