@@ -85,7 +85,7 @@ def test_requirements_are_those_of_every_scenario_the_run_selected(monkeypatch):
     imported.clear()
     monkeypatch.setattr(worker, "_preload", lambda plan, cells: False)
     monkeypatch.setattr(worker, "precompile_patches", lambda installing, patches: None)
-    monkeypatch.setattr(worker.gc, "freeze", lambda: None)
+    monkeypatch.setattr(worker.collector, "freeze", lambda: None)
     monkeypatch.setitem(worker._WARM, "scenarios", None)
     config = types.SimpleNamespace(scenario_dirs=[], scenarios=["b", "c"], patches="fsdp_patches")
     worker.warm_up(types.SimpleNamespace(config=config), [_cell(0, scenario="b")],

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
-import gc
 import json
 import os
 import signal
@@ -42,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.plan.cells import Cell
+from harness.process import collector
 from harness.process.cpus import repin, unpin
 from harness.process.crashlog import exit_message, last_what
 from harness.process.tree import die_with_parent
@@ -286,7 +286,7 @@ def _cell_process(plan: LaunchPlan, scenarios: dict, baseline: TorchAttributes, 
     CLOCK.reset()
     try:
         die_with_parent()
-        gc.freeze()
+        collector.freeze()
         world = int(os.environ["WORLD_SIZE"])
         run = CellRun(plan=plan, store=peers.connect_store(world, client_only=True), forked=True, baseline=baseline, start=start,
                       watchdog=Watchdog(plan.stamp_file(slot_rank0 + rank), on_expire=peers.unblock), scenarios=scenarios)

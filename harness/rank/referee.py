@@ -19,7 +19,6 @@ referee writes the cell's outcome (``CellOutcome``) to ``LaunchPlan.verdict_file
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import select
@@ -28,6 +27,7 @@ import time
 import traceback
 from dataclasses import dataclass
 
+from harness.process import collector
 from harness.process.tree import die_with_parent
 from harness.protocol import LaunchPlan
 from harness.rank.leaks import CellState, TorchAttributes
@@ -80,7 +80,7 @@ def serve_references(plan: LaunchPlan, scenarios: dict, baseline: TorchAttribute
     code = 4
     try:
         die_with_parent()
-        gc.freeze()
+        collector.freeze()
         with os.fdopen(requests, "r") as lines:
             for line in lines:
                 request = json.loads(line)
@@ -88,6 +88,7 @@ def serve_references(plan: LaunchPlan, scenarios: dict, baseline: TorchAttribute
                 os.write(replies, f"done {request['index']} {'spent' if spent else 'fresh'}\n".encode())
                 if spent:
                     break
+                collector.refreeze()
         code = 0
     except BaseException:
         traceback.print_exc()

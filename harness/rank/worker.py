@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import faulthandler
-import gc
 import importlib
 import os
 import sys
@@ -85,6 +84,8 @@ def main(argv: list[str] | None = None) -> None:
         for index in stage.cells_of(slot):
             if not run.run_cell(plan.cell(index), slot_rank0=slot * stage.world_size, rank=local):
                 _exit(EXIT_POISONED, plan, rank)
+            with CLOCK.timed("other"):
+                collector.refreeze()  # what the cells left for good, out of the collector's walks
         with CLOCK.timed("group teardown"):
             run.groups.release()  # kept only within a slot's run of cells
         with CLOCK.timed("stage wait"):
@@ -107,7 +108,7 @@ def warm_up(plan: LaunchPlan, cells: list[Cell], loaded: tuple | None = None) ->
     # torch's, transformers' and the harness's objects live as long as the rank: left
     # in the collector's view, every full collection walks them again (a cell that
     # collects per step, ``harness.train.resources``: 0.3-0.5 s each, tens of ms frozen)
-    gc.freeze()
+    collector.freeze()
     collector.settle()  # a server paused it for these imports (harness.process.collector)
     _WARM["scenarios"] = scenarios
     return scenarios
