@@ -94,7 +94,8 @@ def test_snapshot_restores_torch_and_reinstall_is_fresh():
 def test_the_undo_snapshot_follows_new_modules_and_classes_and_skips_only_namespaces_left_alone():
     """``PatchUndo`` reuses its scan of ``sys.modules`` and of each module's classes while their dicts'
     version tags stand still, and compares only namespaces whose tag moved: a module or a class that
-    appeared since must still be snapshotted, and every change named and put back."""
+    appeared since must still be snapshotted, and every change named and put back. A take shares the
+    last take's copy of a namespace whose tag stood still, and copies again one changed since."""
     script = textwrap.dedent('''
         import sys, types
         from harness.undertest.undo import PatchUndo
@@ -120,6 +121,13 @@ def test_the_undo_snapshot_follows_new_modules_and_classes_and_skips_only_namesp
         snap.restore()
         assert (Probe.x, Late.y, hasattr(mod, "extra")) == (1, 1, False)
         assert group.FSDPParamGroup.post_backward is original and snap.changes() == []
+        Probe.x = 5  # changed after a take: the next take must copy it again, not share the last copy
+        third = PatchUndo.take()
+        assert dict(third.classes)[Probe]["x"] == 5
+        assert third.modules["torch.distributed.device_mesh"] is snap.modules["torch.distributed.device_mesh"]
+        Probe.x = 6
+        third.restore()
+        assert Probe.x == 5 and third.changes() == []
     ''')
     out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr

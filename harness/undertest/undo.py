@@ -13,6 +13,7 @@ a module a launch of its own (``--isolate process``).
 
 from __future__ import annotations
 
+import operator
 import sys
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -45,14 +46,18 @@ class PatchUndo:
         preload()
         snap = cls()
         seen: set[int] = set()
+        copies: dict[int, tuple[tuple[Any, Any, object], dict[str, Any]]] = {}
         for name, module in _scope():
-            snap.module_tags[name] = tagged = _tagged(module)  # the tag before the copy: a change in between shows
-            attrs = snap.modules[name] = dict(vars(module))
+            tagged, attrs = _copy_of(module, copies)
+            snap.module_tags[name], snap.modules[name] = tagged, attrs
             for value in _classes_of(name, module, attrs, tagged):
                 if id(value) not in seen:
                     seen.add(id(value))
-                    snap.class_tags.append(_tagged(value))
-                    snap.classes.append((value, dict(vars(value))))
+                    klass_tagged, klass_attrs = _copy_of(value, copies)
+                    snap.class_tags.append(klass_tagged)
+                    snap.classes.append((value, klass_attrs))
+        _COPIES.clear()
+        _COPIES.update(copies)
         return snap
 
     def _targets(self):
@@ -129,14 +134,36 @@ def preload() -> None:
 _PRELOADED = False
 
 
+_SCOPE_PREFIXES = tuple(s + "." for s in SCOPES)
+_IN_ROOTS = operator.methodcaller("startswith", SCOPES)
+
+
 def _in_scope(name: str) -> bool:
-    return any(name == s or name.startswith(s + ".") for s in SCOPES)
+    return name in SCOPES or name.startswith(_SCOPE_PREFIXES)  # C speed: sys.modules holds thousands of names
 
 
 def _tagged(obj: Any) -> tuple[Any, Any, object]:
     """``obj`` (kept alive: its reader holds no reference), a reader of its dict's version tag, the tag now."""
     reader = tag_of(obj)
     return obj, reader, TAG_VALUE(reader)
+
+
+#: id of a namespace -> (``_tagged``'s, a copy of its attributes made after that tag was read), as the last
+#: ``take`` made them: a namespace whose tag has not moved since holds the same attributes, and the next
+#: ``take`` shares that copy (``restore`` only reads it) instead of copying it again
+_COPIES: dict[int, tuple[tuple[Any, Any, object], dict[str, Any]]] = {}
+
+
+def _copy_of(obj: Any, copies: dict) -> tuple[tuple[Any, Any, object], dict[str, Any]]:
+    """(``obj`` tagged, a copy of its attributes): the last ``take``'s where its tag has not moved
+    since, else made now (the tag read before the copy: a change in between shows). Noted in ``copies``."""
+    known = _COPIES.get(id(obj))
+    if known is not None and _unmoved(known[0], obj):
+        copies[id(obj)] = known
+        return known
+    tagged = _tagged(obj)
+    copies[id(obj)] = made = (tagged, dict(vars(obj)))
+    return made
 
 
 def _unmoved(tagged: tuple[Any, Any, object] | None, obj: Any) -> bool:
@@ -154,7 +181,9 @@ def _scope() -> list[tuple[str, ModuleType]]:
     """The in-scope modules of ``sys.modules``, looked for again only where a module was added, removed or replaced."""
     tag = TAG_VALUE(dict_tag(sys.modules))
     if _SCOPE[0] != tag:
-        _SCOPE[:] = [tag, [(n, m) for n, m in list(sys.modules.items()) if isinstance(m, ModuleType) and _in_scope(n)]]
+        modules = sys.modules
+        names = filter(_IN_ROOTS, list(modules))  # at C speed: sys.modules holds thousands of names
+        _SCOPE[:] = [tag, [(n, m) for n in names if _in_scope(n) and isinstance(m := modules.get(n), ModuleType)]]
     return _SCOPE[1]
 
 
