@@ -31,7 +31,6 @@ and the default device are per thread: the cell's thread is the one restored.
 
 from __future__ import annotations
 
-import os
 import random
 import sys
 import warnings
@@ -40,6 +39,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from harness.rank import environ as osenv
 
 try:
     import torch.utils.deterministic  # noqa: F401 (fill_uninitialized_memory; absent in older torch)
@@ -169,10 +170,6 @@ def _autocast(device: str) -> list[Setting | None]:
 #: every setting this torch has, in restore order
 SETTINGS: tuple[Setting, ...] = _settings()
 
-#: torch records the cache folder it computes (the same each time) on first use, e.g. on
-#: ``use_deterministic_algorithms(True)``: kept, and no caveat, where a cell set them
-_TORCH_CACHES = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
-
 #: inference-mode guards that turned a leaked inference mode off; kept for the process's life
 _HELD_GUARDS: list[Any] = []
 
@@ -215,20 +212,22 @@ class GlobalState:
     settings: dict[str, Any]
     inference_mode: bool
     interop_threads: int
-    environ: dict[str, str]
+    #: ``os.environ`` as the OS holds it (``harness.rank.environ``); decoded only where it changed
+    environ: dict[Any, Any]
     sys_path: list[str]
     warning_filters: list[Any]
     rng: _Rng | None = field(default=None, repr=False)
 
     @classmethod
-    def take(cls) -> GlobalState:
+    def take(cls, *, rng: bool = True) -> GlobalState:
+        """The state now; ``rng=False``: without the random generators' states (never compared, only put back)."""
         return cls(settings={s.name: _read(s) for s in SETTINGS}, inference_mode=torch.is_inference_mode_enabled(),
-                   interop_threads=torch.get_num_interop_threads(), environ=dict(os.environ),
-                   sys_path=list(sys.path), warning_filters=list(warnings.filters), rng=_Rng.take())
+                   interop_threads=torch.get_num_interop_threads(), environ=osenv.now(),
+                   sys_path=list(sys.path), warning_filters=list(warnings.filters), rng=_Rng.take() if rng else None)
 
     def changes(self, now: GlobalState | None = None) -> list[str]:
         """One caveat line per thing that differs in ``now`` (default: the state now) from this state."""
-        now = now or GlobalState.take()
+        now = now or GlobalState.take(rng=False)
         out: list[str] = []
         family: dict[str, list[str]] = {}
         for s in SETTINGS:
@@ -247,7 +246,8 @@ class GlobalState:
         if now.interop_threads != self.interop_threads:
             out.append(f"changed the inter-op thread count to {now.interop_threads} (was {self.interop_threads}; "
                        f"cannot be set back)")
-        out += _environ_changes(self.environ, now.environ)
+        if now.environ != self.environ:
+            out += osenv.changes(osenv.decoded(self.environ), osenv.decoded(now.environ))
         if now.sys_path != self.sys_path:
             added = [p for p in now.sys_path if p not in self.sys_path]
             out.append("left sys.path changed" + (f" (added {', '.join(map(repr, added))})" if added else ""))
@@ -271,10 +271,8 @@ class GlobalState:
                 pass  # reported below as not undone
         if torch.is_inference_mode_enabled() and not self.inference_mode:
             _HELD_GUARDS.append(torch._C._InferenceMode(False))
-        if os.environ != self.environ:
-            for name in set(os.environ) - set(self.environ) - set(_TORCH_CACHES):
-                del os.environ[name]
-            os.environ.update(self.environ)
+        if osenv.now() != self.environ:
+            osenv.put_back(self.environ)
         if sys.path != self.sys_path:
             sys.path[:] = self.sys_path
         if warnings.filters != self.warning_filters:
@@ -284,14 +282,6 @@ class GlobalState:
                 mutated()
         stayed = set(self.changes()) if left else set()  # nothing named: nothing to look at again
         return [f"{c} (not undone)" if c in stayed and "cannot be set back" not in c else c for c in left]
-
-
-def _environ_changes(before: dict[str, str], after: dict[str, str]) -> list[str]:
-    """Names only: values may be secrets."""
-    out = [f"left os.environ[{k!r}] set" for k in sorted(set(after) - set(before) - set(_TORCH_CACHES))]
-    out += [f"left os.environ[{k!r}] changed" for k in sorted(set(after) & set(before)) if after[k] != before[k]]
-    out += [f"left os.environ[{k!r}] unset" for k in sorted(set(before) - set(after))]
-    return out
 
 
 def _describe_filter(entry: Any) -> str:
