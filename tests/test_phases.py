@@ -52,6 +52,26 @@ def test_since_a_mark_counts_only_what_came_after():
     assert record_sum(later) == pytest.approx(sum(w for w, _ in later.values()))
 
 
+def test_entering_the_running_phase_reads_no_clock_and_a_snapshot_still_charges_it(monkeypatch):
+    clock = PhaseClock()
+    clock.enter("training")
+    reads = []
+    real = time.process_time
+    monkeypatch.setattr(time, "process_time", lambda: reads.append(1) or real())
+    for _ in range(100):  # a micro-batch's stamps, each opening the phase that runs
+        assert clock.enter("training") == "training"
+    with clock.timed("training"):
+        pass
+    assert reads == [] and clock.current == "training"
+    end = real() + 0.05
+    while real() < end:
+        pass
+    mark = clock.snapshot()
+    assert len(reads) == 1 and mark["training"][1] >= 0.045  # the running phase charged up to now
+    clock.enter("gather")
+    assert len(reads) == 2 and clock.current == "gather"
+
+
 def test_stamps_map_to_the_breakdowns_phases():
     assert category_of("import patches") == category_of(install_phase("clip_grad_norm")) == "patches"
     assert category_of("init group") == "group setup"
