@@ -48,3 +48,70 @@ def test_exchanged_objects_come_back_whole_to_rank_0_or_to_all(one_rank_group):
     sent = {"w": (1, 2.5, "x" * 1000)}
     assert gather._exchange(sent, rank=0, world=1, to_all=False) == [sent]
     assert gather._exchange(["a", "b"], rank=0, world=1, to_all=True) == [["a", "b"]]
+
+
+def _tp_fsdp_rank(rank: int, port: int, out: str, rows: int, shift: int) -> None:
+    """FSDP2 over tensor parallel on a ("dp", "tp") mesh of 4 CPU ranks: the weight is ``Shard(0)``
+    over "tp", then ``fully_shard`` over "dp" places it ``_StridedShard`` then ``Shard``."""
+    import json
+    import os
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    from torch import nn
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from harness.train.gather import Deferred
+
+    try:
+        from torch.distributed.fsdp import fully_shard
+    except ImportError:
+        from torch.distributed._composable.fsdp import fully_shard
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=4, timeout=timedelta(seconds=60))
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, rows, bias=False))
+    model[0].weight = nn.Parameter(distribute_tensor(model[0].weight.detach(), mesh["tp"], [Shard(0)]))
+    fully_shard(model, mesh=mesh["dp"])
+    weight = model[0].weight
+    if shift:  # a layout function that names the wrong block (past the end, or another rank's): caught
+        import torch.distributed.tensor._utils as utils
+
+        real = utils.compute_local_shape_and_global_offset
+        utils.compute_local_shape_and_global_offset = lambda *a: (real(*a)[0], [(real(*a)[1][0] + shift) % rows, 0])
+    deferred = Deferred(rank=rank, world=4)
+    result = {"admitted": deferred.admit([weight]), "placements": [type(p).__name__ for p in weight.placements]}
+    if result["admitted"]:
+        full, inconsistent = deferred.capture({"w": weight, "g": None})
+        deferred.flush()
+        expected = weight.full_tensor()
+        if rank == 0:
+            result["equal"] = torch.equal(full["w"], expected) and full["g"] is None and inconsistent == {}
+    with open(f"{out}/rank{rank}.json", "w") as f:
+        json.dump(result, f)
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize(("rows", "shift"), [(8, 0), (10, 0), (8, 1), (8, 2)])
+def test_fsdp_over_tensor_parallel_takes_the_fast_path_only_where_its_blocks_are_verified(tmp_path, rows, shift):
+    """A ``_StridedShard`` layout (FSDP2 over TP) whose blocks ``admit`` verified is gathered in
+    one collective and assembles to ``full_tensor()`` bit for bit (evenly and unevenly split);
+    where the layout function names the wrong block (one past the end: the wrong size on the last
+    rank, found before any collective; another rank's: found by ``full_tensor()``), every rank keeps
+    to the general path."""
+    import json
+    import socket
+
+    from tests.support import run_ranks
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    run_ranks(_tp_fsdp_rank, (port, str(tmp_path), rows, shift), nprocs=4)
+    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(4)]
+    assert results[0]["placements"] == ["_StridedShard", "Shard"]
+    assert {r["admitted"] for r in results} == {not shift}  # every rank takes the same path
+    if not shift:
+        assert results[0]["equal"] is True

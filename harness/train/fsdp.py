@@ -152,8 +152,13 @@ class FsdpSide:
         self.scenario, self.cell, self.model, self.mesh, self.device = scenario, cell, model, mesh, device
         self.utilities, self.rank, self.world, self.stamp, self.timed = utilities or Utilities(), rank, world, stamp, timed
         self.named = dict(model.named_parameters())
-        #: plain placements: snapshots are captured now and gathered together in ``flush``
-        self.deferred = Deferred(rank=rank, world=world) if plain_placements(list(self.named.values())) else None
+        #: each rank's pieces are blocks of the full tensors (``Deferred.admit``): snapshots are captured
+        #: now and gathered together in ``flush``; else (None) each snapshot is gathered at once
+        self.deferred: Deferred | None = Deferred(rank=rank, world=world)
+        params = list(self.named.values())
+        if not plain_placements(params):
+            with timed("gather"):
+                self.deferred = self.deferred if self.deferred.admit(params) else None
         self.step = 0
         #: the data-parallel coordinates (tensor-parallel ranks of one dp index share their data)
         self.dp_rank, self.dp_world = rank // scenario.sharding.tp, scenario.sharding.data_parallel(world)

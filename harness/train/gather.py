@@ -1,14 +1,16 @@
 """Gather full (unsharded) copies of a cell's sharded tensors onto its first rank.
 
-Fast path, for DTensors whose placements are all ``Shard``/``Replicate`` (FSDP2 and
-HSDP): each rank copies its local pieces with their global offsets when a snapshot is
+Fast path, for DTensors whose local piece is one block of the full tensor at a global offset
+(every ``Shard``/``Replicate`` placement: FSDP2 and HSDP; and FSDP2 over tensor or expert
+parallel, ``_StridedShard`` then ``Shard``, where the cell's first snapshot verifies it, see
+``Deferred.admit``): each rank copies its local pieces with their global offsets when a snapshot is
 taken (``Deferred.capture``), and sends every snapshot of the cell in one
 ``gather_object`` at the end (``Deferred.flush``: the pieces' bytes packed into one
 buffer per snapshot); the first rank writes them into full tensors. One collective per
 cell instead of one per tensor or per snapshot (at 4 ranks on 2 cores each collective
 waits for the slowest rank, and per-tensor all-gathers were most of a cell's time), and
-no pickling of tensors one by one. Other placements (tensor parallel's ``_StridedShard``, ...)
-take the general path: agree on presence, then ``full_tensor()`` each.
+no pickling of tensors one by one. Other layouts (``Partial``, a block ``admit`` could not
+verify) take the general path: agree on presence, then ``full_tensor()`` each.
 
 Both paths report grad presence that differs across ranks instead of desynchronizing. The
 fast path also compares the pieces several ranks hold of the same region (HSDP's replicas):
@@ -60,8 +62,11 @@ def _exchange(obj: Any, *, rank: int, world: int, to_all: bool) -> list[Any] | N
 
 def plain_placements(params: list[torch.Tensor]) -> bool:
     """Whether every DTensor param is placed with plain ``Shard``/``Replicate`` (the fast path)."""
-    return all(not isinstance(p, DTensor) or all(type(pl) in (Shard, Replicate) for pl in p.placements)
-               for p in params)
+    return all(not isinstance(p, DTensor) or _plain(p.placements) for p in params)
+
+
+def _plain(placements: Any) -> bool:
+    return all(type(pl) in (Shard, Replicate) for pl in placements)
 
 
 def gather_full(tensors: dict[str, torch.Tensor | None], *, rank: int, world: int,
@@ -89,8 +94,49 @@ class Deferred:
         self.pending: list[tuple[list[str], tuple[dict[str, Any], bytes], Full, dict[str, list[int]],
                                  dict[str, float]]] = []
         #: (global shape, mesh id, placements) -> (the mesh, local shape, global offset): the same for every
-        #: snapshot of a param, so computed once per cell (the mesh is held: its id is not reused meanwhile)
+        #: snapshot of a param, so computed once per cell (the mesh is held: its id is not reused meanwhile);
+        #: layouts with other placements than ``Shard``/``Replicate`` only as ``admit`` verified them
         self.layouts: dict[tuple, tuple[Any, tuple[int, ...], tuple[int, ...]]] = {}
+
+    def admit(self, params: list[torch.Tensor]) -> bool:
+        """Whether every param's local piece is the block of the full tensor that
+        ``compute_local_shape_and_global_offset`` names (then its snapshots take the fast path),
+        verified once per layout that is not plain ``Shard``/``Replicate``: each rank holds the
+        block of ``arange(numel)`` it claims, and ``full_tensor()`` of those blocks must give
+        ``arange(numel)`` back. Collective (every rank of the cell, the same params in the same
+        order); a grad takes its param's layout. False: keep to the general path."""
+        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+        claims: list[tuple[torch.Tensor, tuple, tuple, tuple]] = []  # (param, key, local shape, offset)
+        sized = True  # the claimed block has this rank's local shape: checked on every rank before any
+        for p in params:  # collective, as a block of another size would abort gloo's all-gather
+            if not isinstance(p, DTensor) or _plain(p.placements):
+                continue
+            key = (tuple(p.shape), id(p.device_mesh), tuple(p.placements))
+            if key in self.layouts or any(c[1] == key for c in claims):
+                continue
+            try:
+                shape, offset = (tuple(x) for x in compute_local_shape_and_global_offset(p.shape, p.device_mesh,
+                                                                                         p.placements))
+                block = torch.empty(p.shape, device="meta")[tuple(slice(o, o + n) for o, n in zip(offset, shape))]
+                sized = sized and tuple(block.shape) == shape == tuple(p._local_tensor.shape)
+            except Exception:  # a layout this torch cannot name that way: the general path
+                shape, offset, sized = (), (), False
+            claims.append((p, key, shape, offset))
+        everyone = _exchange(sized, rank=self.rank, world=self.world, to_all=True)
+        ok = bool(everyone) and all(everyone)
+        for p, key, shape, offset in claims if ok else []:
+            ids = torch.arange(p.numel(), dtype=torch.int64).reshape(p.shape)
+            local = ids[tuple(slice(o, o + n) for o, n in zip(offset, shape))].contiguous()
+            try:
+                full = DTensor.from_local(local.to(p.device_mesh.device_type), p.device_mesh, p.placements,
+                                          run_check=False, shape=p.shape, stride=p.stride()).full_tensor()
+                ok = ok and torch.equal(full.cpu(), ids)
+            except Exception:
+                ok = False
+            self.layouts[key] = (p.device_mesh, shape, offset)
+        everyone = _exchange(ok, rank=self.rank, world=self.world, to_all=True)
+        return bool(everyone) and all(everyone)
 
     def capture(self, tensors: dict[str, torch.Tensor | None],
                 diverged: dict[str, float] | None = None) -> tuple[Full, dict[str, list[int]]]:
@@ -124,8 +170,15 @@ def _pieces(t: torch.Tensor, layouts: dict) -> tuple[tuple[int, ...], torch.dtyp
     local, mesh, placements = t.to_local() if local is None else local, t.device_mesh, tuple(t.placements)
     key = (tuple(t.shape), id(mesh), placements)
     if key not in layouts:
-        shape, offset = compute_local_shape_and_global_offset(t.shape, mesh, placements)
-        layouts[key] = (mesh, tuple(shape), tuple(offset))
+        if _plain(placements):
+            shape, offset = compute_local_shape_and_global_offset(t.shape, mesh, placements)
+            layouts[key] = (mesh, tuple(shape), tuple(offset))
+        else:  # ``Deferred.admit`` verified every param's layout; a grad takes its param's (on an equal mesh)
+            found = next((v for k, v in layouts.items() if k[0] == key[0] and k[2] == placements and v[0] == mesh), None)
+            if found is None:
+                raise RuntimeError(f"harness: a snapshot of a tensor placed {placements} on a layout no param of "
+                                   f"the cell has (shape {tuple(t.shape)}): its pieces cannot be placed")
+            layouts[key] = found
     _, shape, offset = layouts[key]
     assert tuple(local.shape) == shape, (tuple(local.shape), shape)
     return tuple(t.shape), t.dtype, offset, local.detach().to("cpu")
