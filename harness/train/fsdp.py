@@ -154,11 +154,12 @@ class FsdpSide:
         self.named = dict(model.named_parameters())
         #: each rank's pieces are blocks of the full tensors (``Deferred.admit``): snapshots are captured
         #: now and gathered together in ``flush``; else (None) each snapshot is gathered at once
-        self.deferred: Deferred | None = Deferred(rank=rank, world=world)
-        params = list(self.named.values())
-        if not plain_placements(params):
+        deferred, params = Deferred(rank=rank, world=world), list(self.named.values())
+        fast = plain_placements(params)
+        if not fast:  # ``admit`` is collective: only where some layout is not plain
             with timed("gather"):
-                self.deferred = self.deferred if self.deferred.admit(params) else None
+                fast = deferred.admit(params)
+        self.deferred = deferred if fast else None
         self.step = 0
         #: the data-parallel coordinates (tensor-parallel ranks of one dp index share their data)
         self.dp_rank, self.dp_world = rank // scenario.sharding.tp, scenario.sharding.data_parallel(world)

@@ -118,8 +118,8 @@ class Deferred:
             try:
                 shape, offset = (tuple(x) for x in compute_local_shape_and_global_offset(p.shape, p.device_mesh,
                                                                                          p.placements))
-                block = torch.empty(p.shape, device="meta")[tuple(slice(o, o + n) for o, n in zip(offset, shape))]
-                sized = sized and tuple(block.shape) == shape == tuple(p._local_tensor.shape)
+                inside = len(offset) == p.dim() and all(0 <= o and o + n <= d for o, n, d in zip(offset, shape, p.shape))
+                sized = sized and inside and shape == tuple(p._local_tensor.shape)
             except Exception:  # a layout this torch cannot name that way: the general path
                 shape, offset, sized = (), (), False
             claims.append((p, key, shape, offset))
@@ -127,7 +127,7 @@ class Deferred:
         ok = bool(everyone) and all(everyone)
         for p, key, shape, offset in claims if ok else []:
             ids = torch.arange(p.numel(), dtype=torch.int64).reshape(p.shape)
-            local = ids[tuple(slice(o, o + n) for o, n in zip(offset, shape))].contiguous()
+            local = ids[_region(offset, shape)].contiguous()
             try:
                 full = DTensor.from_local(local.to(p.device_mesh.device_type), p.device_mesh, p.placements,
                                           run_check=False, shape=p.shape, stride=p.stride()).full_tensor()
@@ -207,11 +207,16 @@ def _assemble(names: list[str], per_rank: list[dict[str, Piece | None]], full: F
                 gap = float((held[region].double() - local.double()).abs().nan_to_num(float("inf")).max())
                 diverged[name] = max(diverged.get(name, 0.0), gap)
             held.setdefault(region, local)
-            out[tuple(slice(o, o + n) for o, n in zip(offset, local.shape))] = local
+            out[_region(offset, local.shape)] = local
         full[name] = out
 
 
 Piece = tuple[tuple[int, ...], torch.dtype, tuple[int, ...], torch.Tensor]
+
+
+def _region(offset: tuple[int, ...], shape: Any) -> tuple[slice, ...]:
+    """The index of the block of a full tensor at ``offset`` with ``shape``."""
+    return tuple(slice(o, o + n) for o, n in zip(offset, shape))
 
 
 def _pack(pieces: dict[str, Piece | None]) -> tuple[dict[str, Any], bytes]:

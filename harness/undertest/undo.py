@@ -50,7 +50,7 @@ class PatchUndo:
         for name, module in _scope():
             tagged, attrs = _copy_of(module, copies)
             snap.module_tags[name], snap.modules[name] = tagged, attrs
-            for value in _classes_of(name, module, attrs, tagged):
+            for value in _classes_of(name, attrs):
                 if id(value) not in seen:
                     seen.add(id(value))
                     klass_tagged, klass_attrs = _copy_of(value, copies)
@@ -173,8 +173,8 @@ def _unmoved(tagged: tuple[Any, Any, object] | None, obj: Any) -> bool:
 
 #: (``sys.modules``' dict version tag, the in-scope (name, module) pairs then): the scan is made again once the tag moved
 _SCOPE: list = [None, []]
-#: module name -> (the module, its dict's tag reader, the tag, the in-scope classes its namespace held then)
-_CLASSES: dict[str, tuple[Any, Any, object, list[type]]] = {}
+#: module name -> (the copy of its attributes ``_copy_of`` gave, the in-scope classes among them)
+_CLASSES: dict[str, tuple[dict[str, Any], list[type]]] = {}
 
 
 def _scope() -> list[tuple[str, ModuleType]]:
@@ -187,12 +187,12 @@ def _scope() -> list[tuple[str, ModuleType]]:
     return _SCOPE[1]
 
 
-def _classes_of(name: str, module: ModuleType, attrs: dict[str, Any], tagged: tuple[Any, Any, object]) -> list[type]:
-    """The in-scope classes among a module's attributes (``attrs``: a copy of them made after its tag
-    was read, ``tagged``), looked for again only where the module's namespace changed since."""
+def _classes_of(name: str, attrs: dict[str, Any]) -> list[type]:
+    """The in-scope classes among a module's attributes (``attrs``: ``_copy_of``'s copy), looked for again
+    only where that copy is a new one (the module's namespace changed since the last take)."""
     known = _CLASSES.get(name)
-    if known is not None and _unmoved(known[:3], module):
-        return known[3]
+    if known is not None and known[0] is attrs:
+        return known[1]
     found = [v for v in attrs.values() if isinstance(v, type) and _in_scope(getattr(v, "__module__", "") or "")]
-    _CLASSES[name] = (*tagged, found)
+    _CLASSES[name] = (attrs, found)
     return found
