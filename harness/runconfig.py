@@ -144,6 +144,10 @@ class RunConfig:
     per: str = _option("device", flag="--launch-per", choices=("device", "world-size"), where=(CLI,),
                        help="one launch per device, smaller world sizes on slots of its ranks (default), or one "
                             "launch per device and world size")
+    #: CPU launches: slots of the largest world size side by side (``harness.plan.placement``)
+    slots: int = _option(1, flag="--slots", parse=positive, metavar="N",
+                         help="a CPU launch starts N times its largest world size and runs N cells of each size "
+                              "where it ran one, side by side (default 1; cuda launches keep a GPU per rank)")
     #: run the cells in a random order from this seed (``harness.plan.placement.stages``)
     shuffle: int | None = _option(None, flag="--shuffle", parse=int, metavar="SEED",
                                   help="run the cells in a random order from SEED (the same seed, the same order; "
@@ -200,6 +204,8 @@ class RunConfig:
     def __post_init__(self) -> None:
         if self.nnodes < 1 or not 0 <= self.node_rank < self.nnodes:
             raise ValueError(f"--node-rank must be in [0, {self.nnodes}) with --nnodes {self.nnodes}")
+        if self.nnodes > 1 and self.slots > 1:
+            raise ValueError("--slots is for single-node runs")
         if self.nnodes > 1 and (not self.rdzv_endpoint or not self.run_id):
             raise ValueError("multi-node runs need --rdzv-endpoint HOST:PORT and the same --run-id on every node")
         if self.run_id is None:
@@ -250,13 +256,8 @@ def _argparse_kwargs(name: str, opt: Option) -> dict[str, Any]:
     if opt.switch:
         return {**kw, "action": "store_true"}
     kw.update(action="append" if opt.repeat else "store", default=None)
-    if opt.parse is not None:
-        kw["type"] = opt.parse
-    if opt.choices is not None:
-        kw["choices"] = list(opt.choices)
-    if opt.metavar is not None:
-        kw["metavar"] = opt.metavar
-    return kw
+    given = {"type": opt.parse, "choices": None if opt.choices is None else list(opt.choices), "metavar": opt.metavar}
+    return {**kw, **{k: v for k, v in given.items() if v is not None}}
 
 
 # --------------------------------------------------------------------------- the command line

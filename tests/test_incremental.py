@@ -210,3 +210,15 @@ def test_the_module_key_sees_its_folder_but_not_its_probed_code(tmp_path):
     (pkg / "table.json").unlink()
     (pkg / "_fast.py").write_text("X = 1\n")  # a file a try/except import or a lazy __getattr__ may find
     assert key() != first
+
+
+def test_the_least_wall_spreads_each_stage_over_its_slots_on_top_of_the_no_change_run():
+    from bench.incremental import least_wall
+
+    cells = [{"world_size": 4, "duration_s": 1.0}, {"world_size": 4, "duration_s": 0.5},
+             {"world_size": 2, "duration_s": 0.6}, {"world_size": 2, "duration_s": 0.4},
+             {"world_size": 1, "duration_s": 0.8}, {"world_size": 1, "duration_s": None}]
+    # 4-rank launch: one 4-rank slot, two 2-rank slots, four 1-rank slots
+    assert least_wall(5.0, cells, 4) == 5.0 + 1.5 + 1.0 / 2 + 0.8 / 4
+    assert least_wall(5.0, [], 4) == 5.0
+    assert least_wall(0.0, cells[2:4], 2) == 1.0

@@ -165,11 +165,26 @@ def test_multi_node_needs_endpoint_and_run_id():
     (["--timeout", "inf"], "error: run: argument --timeout: must be a finite number of seconds > 0, got 'inf'"),
     (["--timeout", "0"], "error: run: argument --timeout: must be a finite number of seconds > 0, got '0'"),
     (["--world-size", "0"], "error: run: argument --world-size: must be a positive integer, got '0'"),
+    (["--slots", "0"], "error: run: argument --slots: must be a positive integer, got '0'"),
+    (["--slots", "2", "--nnodes", "2"], "error: --slots is for single-node runs"),
 ])
 def test_bad_numbers_are_one_line_and_exit_2(args, message):
     out = subprocess.run([sys.executable, "-m", "harness", "run", "--scenario", "plain", *args], cwd=ROOT,
                          capture_output=True, text=True, timeout=60)
     assert (out.returncode, out.stderr.strip()) == (2, message)
+
+
+def test_two_slots_run_two_cells_of_the_largest_world_size_side_by_side(tmp_path):
+    out = tmp_path / "r.jsonl"
+    res = subprocess.run([sys.executable, "-m", "harness", "run", "--scenario", "plain", "--world-size", "2",
+                          "--slots", "2", "--out", str(out), "--quiet"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(records) >= 2 and all(r["as_expected"] for r in records)
+    (progress,) = (tmp_path / "r.logs").glob("*.progress")
+    starts = [json.loads(line) for line in progress.read_text().splitlines()]
+    assert {tuple(s["ranks"]) for s in starts if s["event"] == "start"} == {(0, 1), (2, 3)}  # a 4-rank launch
 
 
 def test_a_broken_scenario_file_is_named_recorded_and_the_others_run(tmp_path):

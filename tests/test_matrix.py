@@ -35,6 +35,10 @@ GOOD = {"patches": "fsdp_patches", "devices": {"cpu": {"torch": ["2.13.0"]}}}
         ({"scenarios": "some"}, "'scenarios' must be 'all' or a non-empty list"),
         ({"patch_map": ["x"]}, "'patch_map' must map patch names"),
         ({"devices": {"cpu": {"torch": ["2.13.0", "2.13.0"]}}}, "lists a version twice"),
+        ({"devices": {"cpu": {"torch": ["2.13.0"], "slots": 0}}}, "devices.cpu.slots must be a positive integer, got 0"),
+        ({"devices": {"cpu": {"torch": ["2.13.0"], "slots": "2"}}}, "devices.cpu.slots must be a positive integer"),
+        ({"devices": {"cuda": {"torch": ["2.13.0"], "slots": 2}}},
+         "devices.cuda.slots: slots are for CPU launches (a cuda launch has a device per rank)"),
     ],
 )
 def test_bad_fields_are_named_in_one_line(change, message):
@@ -48,6 +52,9 @@ def test_device_overrides_and_scenario_list():
                       "devices": {"cpu": {"torch": ["2.13.0"], "world_sizes": [1], "timeout_s": 5}}})
     assert m.scenarios == ("plain",)
     assert m.device("cpu").world_sizes == (1,) and m.device("cpu").timeout_s == 5.0
+    assert m.device("cpu").slots == 1
+    two = parse_matrix({**GOOD, "devices": {"cpu": {"torch": ["2.13.0"], "slots": 2}, "cuda": {"torch": ["2.13.0"]}}})
+    assert (two.device("cpu").slots, two.device("cuda").slots) == (2, 1)
 
 
 def test_a_key_given_twice_is_refused(tmp_path):

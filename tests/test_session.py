@@ -182,6 +182,15 @@ def test_the_committed_matrix_runs_as_before(tmp_path, monkeypatch):
                              {"PYTHONPATH": str(ROOT), **bytecode_env(tmp_path / "venv" / ".fsdp-compat")})]
 
 
+def test_the_cpu_slots_of_the_matrix_reach_the_run(tmp_path, monkeypatch):
+    (tmp_path / "m.yaml").write_text("devices:\n  cpu:\n    torch: ['2.12.1']\n    slots: 2\n")
+    monkeypatch.setattr("harness.envs.packages.LOCAL_WHEELS", [])
+    session = Recorder(tmp_path / "venv")
+    run_version(session, load_matrix(tmp_path / "m.yaml"), "2.12.1", "cpu", root=ROOT, runs=tmp_path / "runs")
+    (cmd, _), = session.runs
+    assert cmd[cmd.index("--slots") + 1] == "2"
+
+
 def test_a_rerun_of_a_version_reuses_what_the_records_it_replaces_held(tmp_path, monkeypatch):
     from tests.support import make_record
 

@@ -34,7 +34,7 @@ __all__ = ["DeviceMatrix", "Matrix", "load_matrix", "parse_matrix"]
 
 _TOP_KEYS = {"patches", "patch_map", "scenarios", "scenarios_dirs", "world_sizes", "timeout_s", "devices",
              "transformers", "install", "fresh"}
-_DEVICE_KEYS = {"torch", "world_sizes", "timeout_s"}
+_DEVICE_KEYS = {"torch", "world_sizes", "timeout_s", "slots"}
 _DEVICES = ("cpu", "cuda")
 _VERSION = re.compile(r"^\d+\.\d+\.\d+$")
 
@@ -45,6 +45,8 @@ class DeviceMatrix:
     torch: tuple[str, ...]
     world_sizes: tuple[int, ...]
     timeout_s: float
+    #: CPU: cells of the largest world size run side by side per launch (``harness run --slots``)
+    slots: int = 1
     #: version -> its own source, for the versions the matrix gives one
     sources: dict[str, TorchSource] = field(default_factory=dict)
 
@@ -198,6 +200,7 @@ def parse_matrix(data: Any, name: str = "matrix.yaml", *, base: Path | None = No
                 world_sizes=(_world_sizes(settings["world_sizes"], f"{where}.world_sizes", catalog)
                              if "world_sizes" in settings else world_sizes),
                 timeout_s=_timeout(settings["timeout_s"], f"{where}.timeout_s") if "timeout_s" in settings else timeout,
+                slots=_slots(settings.get("slots", 1), dev, f"{where}.slots"),
             )
         )
     return Matrix(patches=patches, patch_map=dict(patch_map), scenarios=chosen, devices=tuple(parsed),
@@ -241,6 +244,14 @@ def _world_sizes(value: Any, where: str, catalog: Catalog) -> tuple[int, ...]:
             raise ValueError(f"{where}: no scenario supports world size {v} "
                              f"(supported: {', '.join(map(str, sorted(catalog.world_sizes)))})")
     return tuple(value)
+
+
+def _slots(value: Any, device: str, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{where} must be a positive integer, got {value!r}")
+    if device != "cpu" and value != 1:
+        raise ValueError(f"{where}: slots are for CPU launches (a {device} launch has a device per rank)")
+    return value
 
 
 def _timeout(value: Any, where: str) -> float:

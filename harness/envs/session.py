@@ -262,6 +262,8 @@ def _run_command(matrix: Matrix, torch: str, device: str, own: Path, *, root: Pa
         args += ["--patch-map", f"{name}={fn}"]
     for folder in matrix.scenarios_dirs:
         args += ["--scenarios-dir", folder]
+    if dev.slots != 1:
+        args += ["--slots", str(dev.slots)]
     if matrix.fresh:
         args.append("--fresh")
     elif previous is not None:

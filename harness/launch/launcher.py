@@ -138,7 +138,7 @@ def _skip_without_gpus(group: list[Cell], opts: LaunchOptions, result: RunResult
 
 def _launch(cells: list[Cell], opts: LaunchOptions, result: RunResult) -> list[Cell]:
     """One torchrun over ``cells``; returns the cells still to run."""
-    world = max(c.world_size for c in cells)
+    world = max(c.world_size for c in cells) * (opts.config.slots if cells[0].device == "cpu" else 1)
     result.launches += 1
     suffix = "" if opts.config.nnodes > 1 else f"-{uuid.uuid4().hex[:6]}"  # every node derives the same id
     launch_id = f"{opts.run_id}-L{result.launches}{suffix}"

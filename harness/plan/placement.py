@@ -1,8 +1,9 @@
 """How cells share launches, and in which order and on which ranks they run.
 
 One launch per device (``per="device"``, the default): torchrun starts the largest world
-size once, and a cell of a smaller world size runs on a slot of its ranks, slots side by
-side (a 4-rank launch runs two 2-rank cells or four 1-rank cells at once). The launch
+size once (``slots`` times on CPU, ``harness run --slots``), and a cell of a smaller world size
+runs on a slot of its ranks, slots side by side (a 4-rank launch runs two 2-rank cells or four
+1-rank cells at once; with two slots, an 8-rank launch runs two 4-rank cells at once). The launch
 runs in *stages*, one world size at a time; each slot works through its own queue and
 all ranks meet at the end of a stage.
 
