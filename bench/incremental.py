@@ -6,7 +6,7 @@ last record says they ran it (``code_deps``); the last edit breaks a patch funct
 incremental run must give the verdicts a fresh run of the broken module gives. Exit 1 on a
 verdict change or on a cell that ran (or was reused) against what its edit predicts.
 
-    python bench/incremental.py [--python PATH] [--world-size N ...] [--scenario NAME ...]
+    python bench/incremental.py [--python PATH] [--slots N] [--world-size N ...] [--scenario NAME ...]
 
 ``nox -s incremental`` runs it with the matrix venv of the test torch.
 """
@@ -132,8 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--python", default=sys.executable)
     parser.add_argument("--world-size", action="append", default=[])
     parser.add_argument("--scenario", action="append", default=[])
+    parser.add_argument("--slots", default="1", help="harness run --slots (nox -s incremental: the matrix's CPU slots)")
     opts = parser.parse_args(argv)
-    args = [*(x for w in opts.world_size for x in ("--world-size", w)),
+    args = ["--slots", opts.slots, *(x for w in opts.world_size for x in ("--world-size", w)),
             *(x for s in opts.scenario for x in ("--scenario", s))]
     with tempfile.TemporaryDirectory(prefix="incremental-") as tmp:
         root = Path(tmp) / "project"

@@ -147,7 +147,7 @@ class RunConfig:
     #: CPU launches: slots of the largest world size side by side (``harness.plan.placement``)
     slots: int = _option(1, flag="--slots", parse=positive, metavar="N",
                          help="a CPU launch starts N times its largest world size and runs N cells of each size "
-                              "where it ran one, side by side (default 1; cuda launches keep a GPU per rank)")
+                              "where it ran one, up to a slot per 100 cells (default 1; cuda: a GPU per rank)")
     #: run the cells in a random order from this seed (``harness.plan.placement.stages``)
     shuffle: int | None = _option(None, flag="--shuffle", parse=int, metavar="SEED",
                                   help="run the cells in a random order from SEED (the same seed, the same order; "

@@ -174,17 +174,17 @@ def test_bad_numbers_are_one_line_and_exit_2(args, message):
     assert (out.returncode, out.stderr.strip()) == (2, message)
 
 
-def test_two_slots_run_two_cells_of_the_largest_world_size_side_by_side(tmp_path):
-    out = tmp_path / "r.jsonl"
-    res = subprocess.run([sys.executable, "-m", "harness", "run", "--scenario", "plain", "--world-size", "2",
-                          "--slots", "2", "--out", str(out), "--quiet"], cwd=ROOT, capture_output=True, text=True,
-                         timeout=300)
-    assert res.returncode == 0, res.stderr
-    records = [json.loads(line) for line in out.read_text().splitlines()]
-    assert len(records) >= 2 and all(r["as_expected"] for r in records)
-    (progress,) = (tmp_path / "r.logs").glob("*.progress")
+def test_two_slots_run_two_cells_of_the_largest_world_size_side_by_side(tmp_path, monkeypatch):
+    monkeypatch.setattr("harness.plan.placement.CELLS_PER_SLOT", 1)  # two cells are enough for two slots
+    cells = _cells(["plain", "hsdp"], world_sizes=[2])
+    assert len(cells) == 2
+    opts = LaunchOptions(config=RunConfig(run_id="t", out=tmp_path / "r.jsonl", slots=2), log_dir=tmp_path / "logs")
+    result = run_cells(cells, opts)
+    assert len(result.records) == 2 and all(r.as_expected for r in result.records)
+    (progress,) = (tmp_path / "logs").glob("*.progress")
     starts = [json.loads(line) for line in progress.read_text().splitlines()]
     assert {tuple(s["ranks"]) for s in starts if s["event"] == "start"} == {(0, 1), (2, 3)}  # a 4-rank launch
+    assert _descendants_of_launches(tmp_path) == []
 
 
 def test_a_broken_scenario_file_is_named_recorded_and_the_others_run(tmp_path):

@@ -65,6 +65,20 @@ def test_stages_one_world_size_at_a_time_on_slots_of_the_largest():
     assert len(two.slots) == 2 and all(two.slots)  # the 2-rank cells run side by side
 
 
+def test_a_cpu_launch_takes_a_slot_per_hundred_cells_up_to_slots_and_cuda_none(monkeypatch):
+    from harness.plan import placement
+
+    cells = plan_cells([A, B], world_sizes=None, devices=["cpu"], variants=["vanilla", "patched"],
+                       explicit_scenarios=False)
+    assert placement.launch_world(cells, 1) == 4 and placement.launch_world(cells, 3) == 4  # too few cells
+    monkeypatch.setattr(placement, "CELLS_PER_SLOT", 2)
+    assert len(cells) // 2 >= 3
+    assert [placement.launch_world(cells, n) for n in (1, 2, 3)] == [4, 8, 12]
+    assert placement.launch_world(cells[:5], 3) == max(c.world_size for c in cells[:5]) * 2  # 5 cells: two slots
+    gpu = plan_cells([A, B], world_sizes=None, devices=["cuda"], variants=["vanilla"], explicit_scenarios=False)
+    assert placement.launch_world(gpu, 3) == 4  # a GPU per rank
+
+
 @pytest.mark.parametrize("device", ["cuda", "cpu"])
 def test_a_documented_hang_is_balanced_and_a_certain_crash_runs_last(device):
     """On cuda a certain crash ends the launch: it runs alone, last. On CPU it runs in a

@@ -178,7 +178,7 @@ def test_the_committed_matrix_runs_as_before(tmp_path, monkeypatch):
                                 ["transformers==5.24.0"]]
     assert session.runs == [(["python", "-m", "harness", "run", "--device", "cpu", "--out", str(out), "--patches",
                               "fsdp_patches", "--timeout", "60.0", "--expect-torch", "2.12.1", "--world-size", "1",
-                              "--world-size", "2", "--world-size", "4"],
+                              "--world-size", "2", "--world-size", "4", "--slots", "2"],
                              {"PYTHONPATH": str(ROOT), **bytecode_env(tmp_path / "venv" / ".fsdp-compat")})]
 
 
@@ -304,4 +304,5 @@ def test_the_incremental_bench_runs_under_the_matrix_venvs_bytecode(tmp_path, mo
     noxfile.incremental(Recorder())
     (args, kw), = calls
     assert args[:2] == (str(python), "bench/incremental.py")
+    assert args[args.index("--slots") + 1] == str(noxfile.MATRIX.device("cpu").slots)  # as nox -s matrix launches
     assert kw["env"] == {"PYTHONPATH": str(ROOT), **bytecode_env(tmp_path / "venv" / ".fsdp-compat")}

@@ -31,7 +31,7 @@ from harness.launch.follow import LaunchFollower
 from harness.launch.outpath import drop_handoff, prepare_out
 from harness.launch.prestart import PROJECT_ROOT, Prestarted, launch_env, warm, worker_paths
 from harness.plan.cells import Cell
-from harness.plan.placement import group_into_launches, stages
+from harness.plan.placement import group_into_launches, launch_world, stages
 from harness.process import tree as procs
 from harness.process.crashlog import crash_cause, exit_message, fatal_signal, tail
 from harness.process.gpus import gpu_slice, skip_reason, visible_gpus, worker_slot
@@ -138,7 +138,7 @@ def _skip_without_gpus(group: list[Cell], opts: LaunchOptions, result: RunResult
 
 def _launch(cells: list[Cell], opts: LaunchOptions, result: RunResult) -> list[Cell]:
     """One torchrun over ``cells``; returns the cells still to run."""
-    world = max(c.world_size for c in cells) * (opts.config.slots if cells[0].device == "cpu" else 1)
+    world = launch_world(cells, opts.config.slots)
     result.launches += 1
     suffix = "" if opts.config.nnodes > 1 else f"-{uuid.uuid4().hex[:6]}"  # every node derives the same id
     launch_id = f"{opts.run_id}-L{result.launches}{suffix}"
