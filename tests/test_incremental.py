@@ -212,13 +212,11 @@ def test_the_module_key_sees_its_folder_but_not_its_probed_code(tmp_path):
     assert key() != first
 
 
-def test_the_least_wall_spreads_each_stage_over_its_slots_on_top_of_the_no_change_run():
+def test_the_least_wall_is_the_no_change_run_and_the_edits_share_of_the_rest_of_the_fresh_run():
     from bench.incremental import least_wall
 
-    cells = [{"world_size": 4, "duration_s": 1.0}, {"world_size": 4, "duration_s": 0.5},
-             {"world_size": 2, "duration_s": 0.6}, {"world_size": 2, "duration_s": 0.4},
-             {"world_size": 1, "duration_s": 0.8}, {"world_size": 1, "duration_s": None}]
-    # 4-rank launch: one 4-rank slot, two 2-rank slots, four 1-rank slots
-    assert least_wall(5.0, cells, 4) == 5.0 + 1.5 + 1.0 / 2 + 0.8 / 4
-    assert least_wall(5.0, [], 4) == 5.0
-    assert least_wall(0.0, cells[2:4], 2) == 1.0
+    fresh = [{"duration_s": 1.0}, {"duration_s": 3.0}, {"duration_s": None}, {"duration_s": 4.0}]
+    share, least = least_wall(5.0, 45.0, fresh[:2], fresh)
+    assert share == 0.5 and least == 5.0 + 0.5 * 40.0
+    assert least_wall(5.0, 45.0, [], fresh) == (0.0, 5.0)
+    assert least_wall(5.0, 45.0, fresh, fresh) == (1.0, 45.0)
