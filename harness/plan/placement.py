@@ -52,7 +52,7 @@ __all__ = ["CELLS_PER_SLOT", "Stage", "ends_launch", "group_into_launches", "lau
 #: the cells a CPU launch runs for each slot of its largest world size it starts (``harness run
 #: --slots``): a slot's ranks cost their start, which a short launch does not win back (2 cores, two
 #: slots against one: 13 cells a version, about 2 s slower over 9 versions; 137 cells even; 430 cells
-#: 14% faster; docs/costs.md)
+#: 7–14% faster; docs/costs.md)
 CELLS_PER_SLOT = 100
 
 
