@@ -26,13 +26,26 @@ def run_ranks(fn, args: tuple, nprocs: int = 2, timeout_s: float = 240) -> None:
     import pytest
     import torch.multiprocessing as mp
 
-    ranks = mp.start_processes(fn, args=args, nprocs=nprocs, start_method="spawn", join=False)
+    ranks = mp.start_processes(_leave_when_done, args=(fn, *args), nprocs=nprocs, start_method="spawn", join=False)
     deadline = time.monotonic() + timeout_s
     while not ranks.join(timeout=max(0.1, deadline - time.monotonic())):
         if time.monotonic() >= deadline:
             for process in ranks.processes:
                 process.kill()
             pytest.fail(f"{fn.__name__}: its {nprocs} ranks still ran after {timeout_s} s (killed)")
+
+
+def _leave_when_done(rank: int, fn, *args) -> None:
+    """``fn(rank, *args)``, then the process ends at once: a rank that returned from gloo work can
+    abort in torch's teardown at interpreter exit ("terminate called without an active exception",
+    seen in ``tests/test_ledger.py``'s ranks), which would fail a test whose ranks all succeeded. An
+    exception from ``fn`` still ends the rank as a failure, with its traceback."""
+    import os
+
+    fn(rank, *args)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def record_fields(**fields) -> dict:
