@@ -9,6 +9,7 @@ import torch
 from harness.train.checks import LedgerRules, ResourceGrowth, ShardingAsDeclared, first_problem
 from harness.train.ledger import at_most
 from harness.train.step import StepTensors
+from tests.support import run_ranks
 
 
 def _observed(*, gathers: int = 1, sharding: list[str] | None = None, resources: list | None = None):
@@ -97,10 +98,8 @@ def test_a_scenario_listing_grad_dtype_is_a_mismatch_where_the_grads_have_anothe
     values match; one that wants bfloat16 passes."""
     import json
 
-    import torch.multiprocessing as mp
-
     out = tmp_path / "fields.json"
-    mp.start_processes(_train_bf16, args=(str(tmp_path), str(out), wanted), nprocs=1, start_method="spawn")
+    run_ranks(_train_bf16, (str(tmp_path), str(out), wanted), nprocs=1)
     fields = json.loads(out.read_text())
     if wanted == "float32":
         assert fields["status"] == "mismatch" and fields["worst"].startswith("grad dtype: 0.weight bfloat16 (wanted"), fields
