@@ -260,7 +260,7 @@ def incremental(session: nox.Session) -> None:
     (none, a comment, patch functions, a scenario file, a helper, a broken patch function): cells run, wall, verdicts."""
     python = _torch_env(session, TEST_TORCH, "cpu")
     own = harness_folder(Path(python).parent.parent)  # the matrix venv's bytecode, as its sessions read it
-    slots = str(MATRIX.device("cpu").slots) if any(d.device == "cpu" for d in MATRIX.devices) else "1"
+    slots = next((str(d.slots) for d in MATRIX.devices if d.device == "cpu"), "1")
     session.run(python, "bench/incremental.py", "--python", python, "--slots", slots, *session.posargs,
                 env={"PYTHONPATH": str(ROOT), **bytecode_env(own)}, external=True)
 

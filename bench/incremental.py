@@ -153,8 +153,7 @@ def main(argv: list[str] | None = None) -> int:
               "verdicts vs fresh | ran as predicted |\n|---|---|---|---|---|---|---|")
         print(f"| (fresh, --fresh) | {len(fresh)} | {fresh_wall:.1f} | 100% | 100% | - | - |")
         bad = False
-        previous = {_cell(r): r for r in fresh}
-        by_cell = dict(previous)
+        by_cell = previous = {_cell(r): r for r in fresh}  # ``previous`` is rebound at each edit, ``by_cell`` stays
         always = {c for c, r in by_cell.items() if _always(r, by_cell)}  # in every run: in the floor
         work = [r for c, r in by_cell.items() if c not in always]
         floor = None
