@@ -45,3 +45,5 @@ def test_the_first_computes_and_leaves_it_the_next_reads_it(tmp_path):
     assert torch.equal(first[1].grads["w"], second[1].grads["w"]) and second[0].grads["b"] is None
     assert reused(None, "k", compute)[1] is False and len(calls) == 2
     assert [p.name for p in tmp_path.iterdir()] == ["k.pt"]  # no half-written file left
+    (tmp_path / "bad.pt").write_bytes(b"half a file")  # not a reference: computed again, not the cell's error
+    assert reused(tmp_path, "bad", compute)[1] is False and reused(tmp_path, "bad", compute)[1] is True
