@@ -4,7 +4,9 @@ that ran, the wall, its share of the fresh wall, and whether the verdicts equal 
 run's (``harness diff --strict``). A patch function's edit must rerun exactly the cells whose
 last record says they ran it (``code_deps``); the last edit breaks a patch function, and the
 incremental run must give the verdicts a fresh run of the broken module gives. Exit 1 on a
-verdict change or on a cell that ran (or was reused) against what its edit predicts.
+verdict change or on a cell that ran (or was reused) against what its edit predicts. Last,
+from the fresh run's records, what an edit of each patch function it ran would cost at the
+least (``every_function``): the edits above are three of them.
 
     python bench/incremental.py [--python PATH] [--slots N] [--world-size N ...] [--scenario NAME ...]
 
@@ -120,6 +122,37 @@ def least_wall(floor: float, fresh_wall: float, cells: list[dict], fresh: list[d
     return share, floor + share * max(0.0, fresh_wall - floor)
 
 
+def by_function(records: list[dict]) -> dict[str, list[dict]]:
+    """Each function of the module under test that ran in a cell of ``records`` (its record's
+    ``code_deps``; a module's own top level left out: it runs at import) -> the records of the
+    cells that ran it: the cells an edit of that function reruns."""
+    ran: dict[str, list[dict]] = {}
+    for r in records:
+        for fid in r.get("code_deps") or {}:
+            if "::" in fid and not fid.endswith("::<module>"):
+                ran.setdefault(fid, []).append(r)
+    return ran
+
+
+def every_function(floor: float, fresh_wall: float, work: list[dict], target: float = 0.35) -> str:
+    """What an edit of each patch function the fresh run ran would cost at the least: its
+    cells' share of the fresh cell work and the least wall that gives (``least_wall``); how
+    many are within ``target`` of the fresh wall, and the costliest."""
+    rows = sorted(((least_wall(floor, fresh_wall, cells, work), fid, len(cells))
+                   for fid, cells in by_function(work).items()), reverse=True)
+    if not rows:
+        return "no patch function ran in a cell of the fresh run"
+    ratios = [least / fresh_wall for (_, least), _, _ in rows]
+    within = sum(r <= target for r in ratios)
+    lines = [f"\nan edit of each of the {len(rows)} patch functions the fresh run ran, at the fresh run's pace: "
+             f"least wall within {target:.0%} of the fresh wall for {within}, median {sorted(ratios)[len(ratios) // 2]:.0%}",
+             "| patch function | cells | share of the fresh cell work | least wall |", "|---|---|---|---|"]
+    shown = rows[:8] + rows[-3:] if len(rows) > 11 else rows
+    for (share, least), fid, n in shown:
+        lines.append(f"| `{fid}` | {n} | {share:.0%} | {least:.1f} s ({least / fresh_wall:.0%}) |")
+    return "\n".join(lines)
+
+
 def _diff(python: str, root: Path, old: Path, new: Path) -> bool:
     res = subprocess.run([python, "-m", "harness", "diff", "--strict", str(old), str(new)], cwd=root,
                          capture_output=True, text=True)
@@ -183,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
                 what = "ran" if not r.get("reused_from") else "was reused"
                 print(f"  {r['scenario']}[{r['variant']},w{r['world_size']}] {what} ({r['status']}, installed "
                       f"{','.join(r['installed_patches']) or 'nothing'})", file=sys.stderr, flush=True)
+        print(every_function(floor or 0.0, fresh_wall, work))
     return 1 if bad else 0
 
 

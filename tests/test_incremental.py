@@ -220,3 +220,18 @@ def test_the_least_wall_is_the_no_change_run_and_the_edits_share_of_the_rest_of_
     assert share == 0.5 and least == 5.0 + 0.5 * 40.0
     assert least_wall(5.0, 45.0, [], fresh) == (0.0, 5.0)
     assert least_wall(5.0, 45.0, fresh, fresh) == (1.0, 45.0)
+
+
+def test_each_patch_functions_edit_is_priced_by_the_cells_that_ran_it():
+    from bench.incremental import by_function, every_function
+
+    work = [{"duration_s": 2.0, "code_deps": {"a.py::f": "1", "a.py::<module>": "2", "a.py::g": "3"}},
+            {"duration_s": 6.0, "code_deps": {"a.py::g": "3"}}, {"duration_s": 2.0, "code_deps": None}]
+    ran = by_function(work)
+    assert {fid: len(cells) for fid, cells in ran.items()} == {"a.py::f": 1, "a.py::g": 2}
+    table = every_function(5.0, 45.0, work)
+    # g: 80% of the cell work -> 5 + 0.8 * 40 = 37 s (82%); f: 20% -> 13 s (29%)
+    assert "within 35% of the fresh wall for 1, median 82%" in table
+    assert "| `a.py::g` | 2 | 80% | 37.0 s (82%) |" in table and "| `a.py::f` | 1 | 20% | 13.0 s (29%) |" in table
+    assert every_function(5.0, 45.0, work[2:]).startswith("no patch function")
+
