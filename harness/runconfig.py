@@ -208,25 +208,25 @@ class RunConfig:
             raise ValueError("--slots is for single-node runs")
         if self.nnodes > 1 and (not self.rdzv_endpoint or not self.run_id):
             raise ValueError("multi-node runs need --rdzv-endpoint HOST:PORT and the same --run-id on every node")
-        if self.run_id is None:
-            self.run_id = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-        if self.out is None:
-            self.out = Path("runs") / f"{self.run_id}.jsonl"
+        self.run_id = datetime.datetime.now().strftime("%Y%m%d-%H%M%S") if self.run_id is None else self.run_id
+        self.out = Path("runs") / f"{self.run_id}.jsonl" if self.out is None else self.out
 
     @property
     def records_file(self) -> Path:
         assert self.out is not None  # set in __post_init__
         return self.out
 
+    @property
+    def runs_everything(self) -> bool:
+        """Takes nothing an earlier run measured, record or reference (``--fresh``, ``--shuffle``, ``--dump``)."""
+        return self.fresh or self.shuffle is not None or self.dump is not None
+
     def to_json(self) -> dict[str, Any]:
         return {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(self).items()}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> RunConfig:
-        values = dict(data)
-        for name in ("dump", "out"):
-            values[name] = Path(values[name]) if values.get(name) else None
-        return cls(**values)
+        return cls(**{**data, **{k: Path(data[k]) if data.get(k) else None for k in ("dump", "out")}})
 
     def with_(self, **changes: Any) -> RunConfig:
         """A copy with ``changes`` (a launch's resolved paths, a pytest worker's records file)."""

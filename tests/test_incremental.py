@@ -10,6 +10,7 @@ from bench.incremental import insert_first
 from harness.plan.inputs import PROJECT_ROOT, import_closure
 from harness.results.reading import load_records
 from harness.results.reusable import carry_over, reusable_records
+from harness.train.reuse import FROM_EARLIER_RUN, FROM_LAUNCH
 from tests.support import make_record
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,6 +44,11 @@ def _run(out: Path, patches: Path, scenarios: Path, *extra: str, exits: tuple[in
 
 def _ran(records) -> set[tuple[str, str]]:
     return {(r.scenario, r.variant) for r in records if r.reused_from is None}
+
+
+def _references(records) -> set[str | None]:
+    """Where the references of the judged cells that ran came from (None: computed for the cell)."""
+    return {r.reference_from for r in records if r.reused_from is None and r.status in ("pass", "mismatch")}
 
 
 def _verdicts(records) -> dict[tuple[str, str], tuple[str, bool]]:
@@ -80,12 +86,16 @@ def test_only_the_cells_whose_inputs_changed_run_again_with_the_fresh_verdicts(t
     after_patch = _run(out, patches, scenarios)
     assert _ran(after_patch) == {(r.scenario, r.variant) for r in installing if target in r.code_deps}
     assert _verdicts(after_patch) == _verdicts(fresh)
+    # their FSDP2 side produced what it did before: their references are those the fresh run kept
+    assert _references(after_patch) and _references(after_patch) <= {FROM_EARLIER_RUN, FROM_LAUNCH}
+    assert FROM_EARLIER_RUN in _references(after_patch) and FROM_EARLIER_RUN not in _references(fresh)
 
     with open(scenarios / "my_pure_bf16.py", "a") as f:  # one scenario file: its cells only
         f.write("\n# edited\n")
     after_scenario = _run(out, patches, scenarios)
     assert _ran(after_scenario) == {(s, v) for s, v in everything if s == "my_pure_bf16"}
     assert _verdicts(after_scenario) == _verdicts(fresh)
+    assert FROM_EARLIER_RUN not in _references(after_scenario)  # a reference depends on its scenario's files
 
     # that function broken: the cells that ran it get what a fresh run of the broken module gives
     insert_first(patches / target.split("::")[0], target.split("::")[1], "raise RuntimeError('broken here')")
@@ -97,7 +107,8 @@ def test_only_the_cells_whose_inputs_changed_run_again_with_the_fresh_verdicts(t
 
     options = _run(out, patches, scenarios, "--timeout", "45")  # a run option: every cell
     assert _ran(options) == everything
-    assert _ran(_run(out, patches, scenarios, "--timeout", "45", "--fresh")) == everything
+    again_fresh = _run(out, patches, scenarios, "--timeout", "45", "--fresh")
+    assert _ran(again_fresh) == everything and FROM_EARLIER_RUN not in _references(again_fresh)
 
 
 def test_a_record_not_as_expected_or_of_a_hang_is_never_reused(tmp_path):
@@ -185,6 +196,31 @@ def test_the_key_sees_the_settings_torch_and_the_harness_read_from_the_environme
         assert key() != first, name
         monkeypatch.delenv(name)
     assert key() == first
+
+
+def test_a_references_inputs_leave_out_the_module_under_test_and_the_cells_options(tmp_path):
+    from harness.plan.cells import Cell
+    from harness.plan.inputs import CellInputs
+    from harness.undertest.source import locate
+
+    scenario = tmp_path / "mine.py"
+    scenario.write_text("X = 1\n")
+
+    def keys(module="fsdp_patches", **changes):
+        cell = Cell(**{**dict(index=0, scenario="mine", variant="vanilla", device="cpu", backend="gloo", world_size=2,
+                              mesh=(2,), timeout_s=60.0), **changes})
+        inputs = CellInputs(scenario_files={"mine": scenario}, source=locate(module))
+        return inputs.reference_key(cell), inputs.key(cell)
+
+    ref, key = keys()
+    for changes in (dict(variant="deployed", patches=("p",)), dict(timeout_s=9.0), dict(patches=("p",))):
+        assert keys(**changes)[0] == ref and keys(**changes)[1] != key, changes
+    pkg = tmp_path / "theirs"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("def patch_x():\n    pass\n")
+    assert keys(str(pkg), patches=("x",))[0] == ref
+    scenario.write_text("X = 2\n")
+    assert keys()[0] != ref
 
 
 def test_the_module_key_sees_its_folder_but_not_its_probed_code(tmp_path):

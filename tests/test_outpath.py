@@ -90,3 +90,23 @@ def test_a_launch_a_record_names_stays_and_only_node_0_drops_the_hand_off(tmp_pa
     assert plan.observed_file(0).exists()
     outpath.drop_handoff(dataclasses.replace(plan, config=RunConfig(run_id="x")))
     assert not plan.observed_file(0).exists()
+
+
+def test_kept_references_beyond_the_limit_go_least_recently_used_first(tmp_path):
+    kept = tmp_path / "references"
+    kept.mkdir()
+    for n, age in enumerate((50, 10, 40, 20)):  # seconds since each was last used
+        f = kept / f"r{n}.pt"
+        f.write_bytes(b"x" * 100)
+        os.utime(f, (time.time() - age,) * 2)
+    (kept / "r9.pt.123.tmp").write_bytes(b"x")  # a writer still at it: stays
+    stale = kept / "r8.456.tmp"
+    stale.write_bytes(b"x")
+    os.utime(stale, (time.time() - 2 * outpath.IDLE_S,) * 2)  # one that died long ago: goes
+    outpath._prune_kept(kept, limit=250)
+    assert sorted(p.name for p in kept.iterdir()) == ["r1.pt", "r3.pt", "r9.pt.123.tmp"]
+    outpath._prune_kept(tmp_path / "none")  # no folder yet: nothing to do
+    stale.write_bytes(b"x")
+    os.utime(stale, (time.time() - 2 * outpath.IDLE_S,) * 2)
+    outpath.prepare_out(tmp_path / "r.jsonl", tmp_path)  # each run's start prunes them
+    assert not stale.exists() and (kept / "r1.pt").exists()

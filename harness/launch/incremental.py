@@ -29,7 +29,7 @@ __all__ = ["known", "reuse"]
 def known(config: RunConfig, out: Path) -> dict[str, Record]:
     """The records ``config``'s run may reuse, by key: the newest as-expected one of each in its
     ``--reuse-from`` files and in ``out`` (none where it runs everything)."""
-    if config.fresh or config.shuffle is not None or config.dump is not None:
+    if config.runs_everything:
         return {}
     return reusable_records(*map(Path, config.reuse_from), out)
 
@@ -39,7 +39,7 @@ def reuse(cells: list[Cell], config: RunConfig, out: Path, source: Path | None =
     """The records reused for ``cells`` (already appended to ``out``), and the cells to run;
     ``source``: the module under test's folder (or file); ``records``: what ``known`` read
     (None: read now)."""
-    if config.fresh or config.shuffle is not None or config.dump is not None:
+    if config.runs_everything:
         return [], cells
     found = known(config, out) if records is None else records
     code = CodeIndex(source) if source is not None else None

@@ -8,6 +8,9 @@ never of a launch whose plan, log or progress moved in the last ``IDLE_S`` (anot
 it) nor of one whose log a record in the run's records (or those it reuses) names (a cell its
 launch could not finish: the record keeps the log's tail too). The rest are diagnostics (log,
 plan, progress, phases, crashes).
+
+The references kept for later runs (``KEPT_REFERENCES``, ``harness.train.reuse``) are kept
+to ``KEPT_BYTES``: each run's start removes the least recently used beyond it.
 """
 
 from __future__ import annotations
@@ -19,17 +22,17 @@ import shutil
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from harness.protocol import LaunchPlan
+from harness.protocol import KEPT_REFERENCES, LaunchPlan
 
-__all__ = ["IDLE_S", "KEEP_LAUNCHES", "drop_handoff", "prepare_out"]
+__all__ = ["IDLE_S", "KEEP_LAUNCHES", "KEPT_BYTES", "drop_handoff", "prepare_out"]
 
 #: launches whose files a launch folder keeps (one a version per ``nox -s matrix``, more after a relaunch)
 KEEP_LAUNCHES = 20
 #: a launch that wrote a file this recently is left alone, whatever its age
 IDLE_S = 3600.0
+#: the references a launch folder keeps for later runs, in bytes (a fresh 2.13 CPU suite leaves 27 MB)
+KEPT_BYTES = 128 << 20
 #: a launch's plan file (``harness.protocol.LaunchPlan.plan_file``): ``<run id>-L<n>[-<hex>].json``
 _PLAN = re.compile(r"(?P<launch>.+-L\d+(?:-[0-9a-f]{6})?)\.json")
 #: the launch a file of the folder belongs to: its name up to the first dot after the launch id
@@ -49,6 +52,7 @@ def prepare_out(out: Path, log_dir: Path, reuse_from: list[str] | tuple[str, ...
             why = f"{blocker} is a file, not a folder" if blocker else (e.strerror or type(e).__name__)
             raise ValueError(f"--out {out}: cannot create the folder {folder}: {why}") from None
     _prune(log_dir, records=[out, *map(Path, reuse_from)])
+    _prune_kept(log_dir / KEPT_REFERENCES)
     try:
         with open(out, "a"):
             pass
@@ -107,6 +111,26 @@ def _prune(log_dir: Path, *, keep: int = KEEP_LAUNCHES, idle_s: float = IDLE_S, 
             else:
                 with contextlib.suppress(OSError):
                     f.unlink()
+
+
+def _prune_kept(folder: Path, limit: int = KEPT_BYTES) -> None:
+    """Remove the least recently used of ``folder``'s references (a reuse renews a file's time)
+    until the rest fit in ``limit`` bytes, and what a writer that died left half written."""
+    sized = []
+    for f in folder.glob("*") if folder.is_dir() else ():
+        with contextlib.suppress(OSError):
+            st = f.stat()
+            if f.name.endswith(".tmp") and time.time() - st.st_mtime > IDLE_S:
+                f.unlink()
+            elif not f.name.endswith(".tmp"):
+                sized.append((st.st_mtime, st.st_size, f))
+    total = sum(size for _, size, _ in sized)
+    for _, size, f in sorted(sized, key=lambda x: x[0]):
+        if total <= limit:
+            break
+        with contextlib.suppress(OSError):
+            f.unlink()
+        total -= size
 
 
 def _text(path: Path) -> str:

@@ -22,6 +22,10 @@ module under test by name and mapping, and the files outside it that its files i
 (``code_deps``, ``harness.undertest.code_ran``), and the record answers the cell only while
 all of that hashes the same (``harness.launch.incremental``). A vanilla or api cell does not
 depend on the patches module at all; a deployed cell depends only on the patch code it ran.
+
+``CellInputs.reference_key`` is the part of the key a cell's reference depends on (all but the
+cell's options and the module under test): a reference kept from an earlier run is read under
+it (``harness.train.reuse``).
 """
 
 from __future__ import annotations
@@ -207,9 +211,15 @@ class CellInputs:
         options = dict(variant=cell.variant, device=cell.device, backend=cell.backend, world_size=cell.world_size,
                        mesh=list(cell.mesh), timeout_s=cell.timeout_s, init=cell.init, fault=cell.fault,
                        patches=list(cell.patches), expected=list(cell.expected), isolate=self.isolate)
-        return _digest(_torch_build(), _machine(cell.device), self.environment, _harness_digest(), _installs(),
-                       self.scenario_digest(cell.scenario), json.dumps(options, sort_keys=True),
+        return _digest(self.reference_key(cell), json.dumps(options, sort_keys=True),
                        self.module_digest if cell.patches else "")
+
+    def reference_key(self, cell: Cell) -> str:
+        """What a cell's reference depends on besides the tensors FSDP2 produced and the words the
+        referee adds (``harness.train.reuse``): every input of ``key`` but the cell's options and
+        the module under test, which the reference never sees."""
+        return _digest(_torch_build(), _machine(cell.device), self.environment, _harness_digest(), _installs(),
+                       self.scenario_digest(cell.scenario))
 
     @functools.cached_property
     def environment(self) -> str:

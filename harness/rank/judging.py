@@ -36,7 +36,7 @@ from harness.train.checks import first_problem
 from harness.train.faults import fault_named, faulty_forward
 from harness.train.meta_build import as_meta
 from harness.train.reference import GLOO_AVG_FIX, gloo_avg_declared, quirks_for, run_reference
-from harness.train.reuse import reference_key, reused
+from harness.train.reuse import References, reference_key, reused
 from harness.train.step import StepTensors
 from harness.vocabulary import Failure
 
@@ -55,7 +55,7 @@ def scenario_for(scenarios: dict[str, Scenario], cell: Cell) -> Scenario:
 
 
 def check_saved(scenarios: dict[str, Scenario], cell: Cell, observed_file: str | os.PathLike,
-                installs: dict[str, dict[str, str]] | None = None, references: Path | None = None) -> CellOutcome:
+                installs: dict[str, dict[str, str]] | None = None, references: References | None = None) -> CellOutcome:
     """``check_against_reference`` on the snapshots the judging rank saved; a reference that
     raises is the cell's error, not a lost cell."""
     try:
@@ -68,11 +68,11 @@ def check_saved(scenarios: dict[str, Scenario], cell: Cell, observed_file: str |
 
 
 def check_against_reference(scenario: Scenario, observed: list[StepTensors], cell: Cell,
-          installs: dict[str, dict[str, str]] | None = None, references: Path | None = None) -> CellOutcome:
+          installs: dict[str, dict[str, str]] | None = None, references: References | None = None) -> CellOutcome:
     """The outcome of a cell whose every rank trained: the reference (one step at a
     time from ``observed``), the comparison, the ledger and resource checks. ``installs``:
     the cell's patch install outcomes (whether the gloo AVG fix is in force); ``references``:
-    the launch's folder of references to reuse (``harness.train.reuse``)."""
+    where references are reused from and left (``harness.train.reuse``)."""
     sums = observed[0].reduction_sums if observed else None
     fixed = (installs or {}).get(GLOO_AVG_FIX, {}).get("status") in _IN_FORCE
     quirks, findings = [], []
@@ -88,15 +88,16 @@ def check_against_reference(scenario: Scenario, observed: list[StepTensors], cel
     if caveat:
         quirks = [*quirks, caveat]
     CLOCK.enter("reference")
-    what = f"{cell.scenario}|{cell.init}|{cell.variant == 'api'}|{cell.device}|{cell.world_size}|{quirks}"
-    reference, _ = reused(references, reference_key(what, observed),
+    what = f"{cell.scenario}|{cell.init}|{cell.variant == 'api'}|{cell.device}|{cell.world_size}|{quirks}|" \
+           f"{cell.reference_inputs}"
+    reference, source = reused(references, reference_key(what, observed),
                           lambda: run_reference(scenario, cell.world_size, quirks=quirks, observed=observed,
                                                         device=device))
     CLOCK.enter("compare")
     result = compare.compare_runs(observed, reference)
     out = CellOutcome(**result.as_record_fields(), reference_quirks=quirks, status="pass" if result.ok else "mismatch",
                       findings=findings, ledger=observed[0].ledger if observed else None,
-                      resources=observed[0].resources if observed else None)
+                      resources=observed[0].resources if observed else None, reference_from=source)
     if result.ok and (worst := first_problem(scenario.checks, observed)):
         out.update(status="mismatch", worst=worst)
     if result.reference_nonfinite:

@@ -104,12 +104,15 @@ def _judge_one(plan: LaunchPlan, scenarios: dict, baseline: TorchAttributes, *, 
     the process-wide state put back; False where anything had to be put back (the scenario's
     model factory changed the process: the referee ends rather than trust the put-back)."""
     from harness.rank.judging import check_saved
+    from harness.train.reuse import References
 
     CLOCK.reset()
     cell = plan.cell(index)
     with CLOCK.timed("state"):
         before = start or CellState.take()
-    outcome = check_saved(scenarios, cell, plan.observed_file(index), installs, references=plan.references_folder())
+    references = References(launch=plan.references_folder(), kept=plan.kept_references(),
+                            read_kept=plan.reads_earlier_runs)
+    outcome = check_saved(scenarios, cell, plan.observed_file(index), installs, references=references)
     plan.verdict_file(index).write_text(json.dumps(outcome.to_json(), default=str))
     CLOCK.enter("state")
     left = [*before.settle(put_back=True), *baseline.restore()]

@@ -41,6 +41,9 @@ class CellOutcome:
     grad_norm: float | None = None
     ref_grad_norm: float | None = None
     reference_quirks: list[str] = field(default_factory=list)
+    #: where the cell's reference came from when it was not computed for it: "this launch" (a cell
+    #: before it produced the same tensors), "an earlier run" (kept, ``harness.train.reuse``)
+    reference_from: str | None = None
     #: the scenario's collectives per step, micro-batch and phase (``harness.train.ledger``: rows of
     #: step, micro_batch, phase, kind, group, dtype, count, bytes); None where not recorded
     ledger: list[list[Any]] | None = None

@@ -8,12 +8,23 @@ run that it is fed: each step's params and the grads the optimizer stepped with
 get the same reference; the first computes it and leaves it in the launch folder, keyed by
 a hash of all of that, and the others read it (12 of 33 judged cells in a five-scenario
 sample on 2.13).
+
+A reference is also kept for later runs (``References.kept``, beside the records' launches),
+keyed by the same hash and everything else it depends on (the cell's ``reference_inputs``:
+the torch build, the machine, the environment, the harness's code, the installs, the
+scenario's files): a cell that reruns because the patch code it ran changed, and that
+produced the same tensors, reads the reference instead of computing it again. Its patches
+are not among them: the referee never runs under them. A run that runs everything
+(``--fresh``, ``--shuffle``, ``--dump``) leaves references there and reads none.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -21,7 +32,7 @@ import torch
 
 from harness.train.step import StepTensors
 
-__all__ = ["reference_key", "reused"]
+__all__ = ["FROM_EARLIER_RUN", "FROM_LAUNCH", "References", "reference_key", "reused"]
 
 
 def _feed(h: "hashlib._Hash", tensors: dict[str, torch.Tensor | None]) -> None:
@@ -49,20 +60,71 @@ def reference_key(what: str, observed: list[StepTensors]) -> str:
     return h.hexdigest()
 
 
-def reused(folder: Path | None, key: str, compute: Callable[[], list[StepTensors]]) -> tuple[list[StepTensors], bool]:
-    """The reference under ``key`` in ``folder`` if one is there, else ``compute()`` left there
-    (written whole, then renamed: a cell of another slot reads all of it or none); whether it
-    was reused. Without a folder: ``compute()``."""
-    if folder is None:
-        return compute(), False
-    path = folder / f"{key}.pt"
+@dataclass(kw_only=True)
+class References:
+    """Where a referee finds references and leaves those it computes."""
+
+    #: this launch's (``LaunchPlan.references_folder``): read and written
+    launch: Path
+    #: kept across runs (``LaunchPlan.kept_references``): written; read unless ``read_kept`` is False
+    kept: Path | None = None
+    #: False where the run runs everything (``--fresh``): a reference of an earlier run is not read
+    read_kept: bool = True
+
+
+def _load(path: Path) -> list[StepTensors] | None:
+    """The reference in ``path``; None where there is none or the file is not one (torch.load
+    raises ``pickle.UnpicklingError`` on such): then it is computed again."""
     try:
-        return [StepTensors(**d) for d in torch.load(path, weights_only=False)], True
-    except Exception:  # noqa: BLE001 - none there, or a file that is not one (torch.load: UnpicklingError): computed again
-        pass
-    reference = compute()
+        return [StepTensors(**d) for d in torch.load(path, weights_only=False)]
+    except Exception:  # noqa: BLE001 - whatever the file holds, it is not a reference to trust
+        return None
+
+
+def _save(reference: list[StepTensors], folder: Path, name: str) -> Path:
+    """Written whole, then renamed: a reader of another process reads all of it or none."""
     folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     torch.save([s.__dict__ for s in reference], tmp)
     os.replace(tmp, path)
-    return reference, False
+    return path
+
+
+def _link(src: Path, folder: Path, name: str) -> None:
+    """``src`` as ``folder / name`` too: a hard link where the file system allows, else a copy."""
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f"{name}.{os.getpid()}.tmp"
+    try:
+        os.link(src, tmp)
+    except OSError:
+        shutil.copyfile(src, tmp)
+    os.replace(tmp, folder / name)
+
+
+#: where a reused reference came from (the record's ``reference_from``)
+FROM_LAUNCH, FROM_EARLIER_RUN = "this launch", "an earlier run"
+
+
+def reused(where: References | Path | None, key: str,
+           compute: Callable[[], list[StepTensors]]) -> tuple[list[StepTensors], str | None]:
+    """The reference under ``key`` in this launch's folder, else (where it may be read) the kept
+    one, else ``compute()`` left in both; where it came from (``FROM_LAUNCH``, ``FROM_EARLIER_RUN``;
+    None: computed). A folder alone: this launch's. Without one: ``compute()``."""
+    if where is None:
+        return compute(), None
+    where = References(launch=where) if isinstance(where, Path) else where
+    name = f"{key}.pt"
+    if (found := _load(where.launch / name)) is not None:
+        return found, FROM_LAUNCH
+    if where.kept is not None and where.read_kept and (found := _load(where.kept / name)) is not None:
+        with contextlib.suppress(OSError):  # its age says when it was last used (harness.launch.outpath)
+            os.utime(where.kept / name)
+        _link(where.kept / name, where.launch, name)
+        return found, FROM_EARLIER_RUN
+    reference = compute()
+    if where.kept is None:
+        _save(reference, where.launch, name)
+    else:
+        _link(_save(reference, where.kept, name), where.launch, name)
+    return reference, None
