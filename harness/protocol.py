@@ -30,8 +30,7 @@ from harness.results.record import append_line
 from harness.runconfig import RunConfig
 
 __all__ = [
-    "IDLE",
-    "KEPT_REFERENCES",
+    "IDLE", "KEPT_REFERENCES",
     "SETUP_PHASES",
     "CellKeys",
     "LaunchPlan",
@@ -53,9 +52,7 @@ __all__ = [
 
 # --------------------------------------------------------------------------- the plan
 
-#: the folder of a launch folder where references are kept for later runs (``LaunchPlan.kept_references``)
-KEPT_REFERENCES = "references"
-
+KEPT_REFERENCES = "references"  # a launch folder's references kept for later runs (harness.train.reuse)
 
 @dataclass(kw_only=True)
 class LaunchPlan:
@@ -127,16 +124,6 @@ class LaunchPlan:
     def references_folder(self) -> Path:
         """The references this launch's cells computed, for its later cells to reuse (``harness.train.reuse``)."""
         return self._file("references")
-
-    def kept_references(self) -> Path:
-        """References kept for later runs (``harness.train.reuse``; bounded by ``harness.launch.outpath``)."""
-        return Path(self.folder) / KEPT_REFERENCES
-
-    @property
-    def reads_earlier_runs(self) -> bool:
-        """Whether the run may take what an earlier run measured: not one that runs everything
-        (``--fresh``, ``--shuffle``, ``--dump``; ``harness.launch.incremental``)."""
-        return not self.config.runs_everything
 
     def dump(self) -> Path:
         Path(self.folder).mkdir(parents=True, exist_ok=True)

@@ -26,10 +26,11 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass
+from pathlib import Path
 
 from harness.process import collector
 from harness.process.tree import die_with_parent
-from harness.protocol import LaunchPlan
+from harness.protocol import KEPT_REFERENCES, LaunchPlan
 from harness.rank.leaks import CellState, TorchAttributes
 from harness.rank.phases import CLOCK
 
@@ -110,8 +111,8 @@ def _judge_one(plan: LaunchPlan, scenarios: dict, baseline: TorchAttributes, *, 
     cell = plan.cell(index)
     with CLOCK.timed("state"):
         before = start or CellState.take()
-    references = References(launch=plan.references_folder(), kept=plan.kept_references(),
-                            read_kept=plan.reads_earlier_runs)
+    references = References(launch=plan.references_folder(), kept=Path(plan.folder) / KEPT_REFERENCES,
+                            read_kept=not plan.config.runs_everything)
     outcome = check_saved(scenarios, cell, plan.observed_file(index), installs, references=references)
     plan.verdict_file(index).write_text(json.dumps(outcome.to_json(), default=str))
     CLOCK.enter("state")

@@ -66,7 +66,7 @@ class References:
 
     #: this launch's (``LaunchPlan.references_folder``): read and written
     launch: Path
-    #: kept across runs (``LaunchPlan.kept_references``): written; read unless ``read_kept`` is False
+    #: kept across runs (the launch folder's ``KEPT_REFERENCES``): written; read unless ``read_kept`` is False
     kept: Path | None = None
     #: False where the run runs everything (``--fresh``): a reference of an earlier run is not read
     read_kept: bool = True
