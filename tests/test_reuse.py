@@ -77,3 +77,7 @@ def test_a_later_run_reads_the_kept_reference_unless_it_runs_everything(tmp_path
     (kept / "bad.pt").write_bytes(b"half a file")  # unreadable: computed, and replaced
     assert reused(launch(5), "bad", compute)[1] is None and reused(launch(6), "bad", compute)[1] == FROM_EARLIER_RUN
     assert not [p for p in tmp_path.rglob("*.tmp")]
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where the kept folder should be")  # kept references cannot be written
+    lone = References(launch=tmp_path / "L7.references", kept=blocked)
+    assert reused(lone, "k7", compute)[1] is None and reused(lone, "k7", compute)[1] == FROM_LAUNCH

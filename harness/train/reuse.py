@@ -118,13 +118,16 @@ def reused(where: References | Path | None, key: str,
     if (found := _load(where.launch / name)) is not None:
         return found, FROM_LAUNCH
     if where.kept is not None and where.read_kept and (found := _load(where.kept / name)) is not None:
-        with contextlib.suppress(OSError):  # its age says when it was last used (harness.launch.outpath)
+        # its age says when it was last used (harness.launch.outpath); a copy for this launch's later
+        # cells: neither is this cell's business if it fails (another run's start pruned it meanwhile)
+        with contextlib.suppress(OSError):
             os.utime(where.kept / name)
-        _link(where.kept / name, where.launch, name)
+            _link(where.kept / name, where.launch, name)
         return found, FROM_EARLIER_RUN
     reference = compute()
-    if where.kept is None:
-        _save(reference, where.launch, name)
-    else:
-        _link(_save(reference, where.kept, name), where.launch, name)
+    if where.kept is not None:
+        with contextlib.suppress(OSError):  # kept for later runs; a full or read-only disk: this launch only
+            _link(_save(reference, where.kept, name), where.launch, name)
+            return reference, None
+    _save(reference, where.launch, name)
     return reference, None
