@@ -210,7 +210,7 @@ def test_a_references_inputs_leave_out_the_module_under_test_and_the_cells_optio
         cell = Cell(**{**dict(index=0, scenario="mine", variant="vanilla", device="cpu", backend="gloo", world_size=2,
                               mesh=(2,), timeout_s=60.0), **changes})
         inputs = CellInputs(scenario_files={"mine": scenario}, source=locate(module))
-        return inputs.reference_key(cell), inputs.key(cell)
+        return inputs.reference_inputs(cell), inputs.key(cell)
 
     ref, key = keys()
     for changes in (dict(variant="deployed", patches=("p",)), dict(timeout_s=9.0), dict(patches=("p",))):

@@ -101,7 +101,7 @@ def _plan(config: RunConfig) -> Planned:
                         patch_mapping=config.patch_mapping, isolate=config.isolate)
     for i, c in enumerate(cells):
         c.index = i
-        c.inputs, c.reference_inputs = inputs.key(c), inputs.reference_key(c)
+        c.inputs, c.reference_inputs = inputs.key(c), inputs.reference_inputs(c)
     if not cells and not broken:
         raise ValueError("nothing to run: no scenario supports the chosen world sizes and devices")
     for ws in config.world_sizes if chosen else []:

@@ -55,7 +55,7 @@ class Cell:
     fault: str | None = None
     #: the cell's inputs, hashed (``harness.plan.inputs``); set by the planning step
     inputs: str = ""
-    #: those its reference depends on (``CellInputs.reference_key``): the module under test and the options left out
+    #: those its reference depends on (``CellInputs.reference_inputs``): the module under test and the options left out
     reference_inputs: str = ""
 
     @property

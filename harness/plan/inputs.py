@@ -23,7 +23,7 @@ module under test by name and mapping, and the files outside it that its files i
 all of that hashes the same (``harness.launch.incremental``). A vanilla or api cell does not
 depend on the patches module at all; a deployed cell depends only on the patch code it ran.
 
-``CellInputs.reference_key`` is the part of the key a cell's reference depends on (all but the
+``CellInputs.reference_inputs`` is the part of the key a cell's reference depends on (all but the
 cell's options and the module under test): a reference kept from an earlier run is read under
 it (``harness.train.reuse``).
 """
@@ -211,10 +211,10 @@ class CellInputs:
         options = dict(variant=cell.variant, device=cell.device, backend=cell.backend, world_size=cell.world_size,
                        mesh=list(cell.mesh), timeout_s=cell.timeout_s, init=cell.init, fault=cell.fault,
                        patches=list(cell.patches), expected=list(cell.expected), isolate=self.isolate)
-        return _digest(self.reference_key(cell), json.dumps(options, sort_keys=True),
+        return _digest(self.reference_inputs(cell), json.dumps(options, sort_keys=True),
                        self.module_digest if cell.patches else "")
 
-    def reference_key(self, cell: Cell) -> str:
+    def reference_inputs(self, cell: Cell) -> str:
         """What a cell's reference depends on besides the tensors FSDP2 produced and the words the
         referee adds (``harness.train.reuse``): every input of ``key`` but the cell's options and
         the module under test, which the reference never sees."""
