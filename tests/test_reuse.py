@@ -40,14 +40,15 @@ def test_the_first_computes_and_leaves_it_the_next_reads_it(tmp_path):
         calls.append(1)
         return copy.deepcopy(_observed())
 
-    first, was = reused(tmp_path, "k", compute)
-    second, again = reused(tmp_path, "k", compute)
+    launch = References(launch=tmp_path)
+    first, was = reused(launch, "k", compute)
+    second, again = reused(launch, "k", compute)
     assert (was, again, len(calls)) == (None, FROM_LAUNCH, 1)
     assert torch.equal(first[1].grads["w"], second[1].grads["w"]) and second[0].grads["b"] is None
     assert reused(None, "k", compute)[1] is None and len(calls) == 2
     assert [p.name for p in tmp_path.iterdir()] == ["k.pt"]  # no half-written file left
     (tmp_path / "bad.pt").write_bytes(b"half a file")  # not a reference: computed again, not the cell's error
-    assert reused(tmp_path, "bad", compute)[1] is None and reused(tmp_path, "bad", compute)[1] == FROM_LAUNCH
+    assert reused(launch, "bad", compute)[1] is None and reused(launch, "bad", compute)[1] == FROM_LAUNCH
 
 
 def test_a_later_run_reads_the_kept_reference_unless_it_runs_everything(tmp_path):

@@ -106,14 +106,13 @@ def _link(src: Path, folder: Path, name: str) -> None:
 FROM_LAUNCH, FROM_EARLIER_RUN = "this launch", "an earlier run"
 
 
-def reused(where: References | Path | None, key: str,
+def reused(where: References | None, key: str,
            compute: Callable[[], list[StepTensors]]) -> tuple[list[StepTensors], str | None]:
     """The reference under ``key`` in this launch's folder, else (where it may be read) the kept
     one, else ``compute()`` left in both; where it came from (``FROM_LAUNCH``, ``FROM_EARLIER_RUN``;
-    None: computed). A folder alone: this launch's. Without one: ``compute()``."""
+    None: computed). Without ``where``: ``compute()``."""
     if where is None:
         return compute(), None
-    where = References(launch=where) if isinstance(where, Path) else where
     name = f"{key}.pt"
     if (found := _load(where.launch / name)) is not None:
         return found, FROM_LAUNCH
