@@ -14,11 +14,6 @@ import torch
 
 __all__ = ["all_reduce", "reduction_target"]
 
-# (source process group) -> gloo process group over the same ranks; see
-# _gloo_group_like for why such a group may be needed at all.
-_GLOO_FALLBACK_GROUPS: dict[Any, Any] = {}
-
-
 def _group_device_types(group: Any) -> list[str]:
     """Device types for which ``group`` has a backend (e.g. ``["cpu", "cuda"]``)."""
     return [d.type for d in group._device_types]
@@ -42,29 +37,24 @@ def _current_device(device_type: str) -> torch.device:
     return torch.device(device_type)
 
 
-def _gloo_group_like(group: Any) -> Any:
-    """A cached gloo group over the ranks of ``group``.
+def _gloo_backend_of(group: Any) -> Any:
+    """The gloo backend ``group`` holds for one of the device types it serves, or None.
 
     Needed only when ``group`` has no backend for any device present in this process:
     e.g. a ``cuda:gloo``-only group on a CPU-only machine, which is how the project
-    reproduces the NCCL-only situation of bug F without a GPU. With a real NCCL group
-    on a GPU machine the scalar goes to the GPU instead and this is never called.
-    Every member of ``group`` reaches this point in the same collective call, so the
-    group is created with local synchronization (non-members need not take part).
+    reproduces the NCCL-only situation of bug F without a GPU. Gloo reduces CPU tensors
+    whatever device type it was registered for, so the scalar goes through the group's own
+    backend: no new group, so nothing depends on how many groups each member has made
+    (a group made for this, with ``use_local_synchronization=True``, is named from the
+    calling rank's count of registered groups: members that had made different numbers of
+    groups waited under different names until the timeout). With a real NCCL group on a
+    GPU machine the scalar goes to the GPU instead and this is never called.
     """
-    import torch.distributed as dist
-
-    cached = _GLOO_FALLBACK_GROUPS.get(group)
-    if cached is not None:
-        try:
-            dist.get_process_group_ranks(cached)  # still registered (not destroyed)?
-            return cached
-        except (KeyError, ValueError, RuntimeError):  # destroyed: forget it
-            del _GLOO_FALLBACK_GROUPS[group]
-    ranks = sorted(dist.get_process_group_ranks(group))
-    new = dist.new_group(ranks, backend="gloo", use_local_synchronization=True)
-    _GLOO_FALLBACK_GROUPS[group] = new
-    return new
+    for device_type in _group_device_types(group):
+        backend = group._get_backend(torch.device(device_type))
+        if type(backend).__name__ == "ProcessGroupGloo":
+            return backend
+    return None
 
 
 def reduction_target(group: Any, mesh_device_type: str) -> tuple[torch.device, Any]:
@@ -74,8 +64,8 @@ def reduction_target(group: Any, mesh_device_type: str) -> tuple[torch.device, A
     (keeps accelerator-resident grads off the host); otherwise CPU when the group has
     a CPU backend (``cpu:gloo,cuda:nccl``, plain ``gloo``); otherwise any served device
     type present here (an NCCL-only group with CPU-offloaded grads: move the scalar to
-    the GPU - the fix of bug F); otherwise a gloo group over the same ranks.
-    The choice depends only on the group and the mesh, so all ranks agree on it.
+    the GPU - the fix of bug F); otherwise the group's own gloo backend (returned in place of
+    the group). The choice depends only on the group and the mesh, so all ranks agree on it.
     """
     served = _group_device_types(group)
     if mesh_device_type in served and _device_type_available(mesh_device_type):
@@ -85,7 +75,11 @@ def reduction_target(group: Any, mesh_device_type: str) -> tuple[torch.device, A
     for device_type in served:
         if _device_type_available(device_type):
             return _current_device(device_type), group
-    return torch.device("cpu"), _gloo_group_like(group)
+    backend = _gloo_backend_of(group)
+    if backend is None:
+        raise RuntimeError(f"no backend of this process group can reduce a tensor here: it serves {served}, "
+                           "none of which is present, and none of its backends is gloo")
+    return torch.device("cpu"), backend
 
 
 def all_reduce(tensor: torch.Tensor, op: str, group: Any, mesh_device_type: str) -> torch.Tensor:
@@ -96,5 +90,10 @@ def all_reduce(tensor: torch.Tensor, op: str, group: Any, mesh_device_type: str)
     reduce_op = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[op]
     device, target_group = reduction_target(group, mesh_device_type)
     work = tensor.detach().to(device, copy=True)
-    dist.all_reduce(work, op=reduce_op, group=target_group)
+    if isinstance(target_group, dist.ProcessGroup):
+        dist.all_reduce(work, op=reduce_op, group=target_group)
+    else:  # a backend of the group (``_gloo_backend_of``): it takes the collective directly
+        options = dist.AllreduceOptions()
+        options.reduceOp = reduce_op
+        target_group.allreduce([work], options).wait()
     return work.to(tensor.device)
