@@ -11,7 +11,7 @@ import time
 import pytest
 
 from harness.protocol import IDLE, install_phase, step_phase
-from harness.rank.phases import CATEGORIES, PhaseClock, category_of, format_table, load_totals, record_sum
+from harness.rank.phases import CATEGORIES, PhaseClock, category_of, format_table, load_totals, record_sum, writer_id
 from tests.support import ROOT
 
 
@@ -100,6 +100,25 @@ def test_totals_files_add_up_and_the_table_has_a_total_row(tmp_path):
     assert rows["total"] == [5.0, 4.0, 1.0, 1.0] and rows["startup"] == [2.0, 2.0, 0.0, 0.0]
 
 
+def test_processes_are_counted_by_pid_and_start_time_not_pid_alone(tmp_path):
+    """A pid repeats once the pid range wraps: a server that ended and a referee started later
+    can share one, and are two processes all the same."""
+    folder = tmp_path / "logs"
+    folder.mkdir()
+    for name, writer in [("forkserver", "4242@100"), ("rank0.reference1", "4242@900"),
+                         ("rank0.reference2", "4242@900"), ("rank0", "77@90")]:
+        clock = PhaseClock()
+        clock.add("training", 1.0, 1.0)
+        (folder / f"L1.{name}.phases").write_text(json.dumps({"pid": int(writer.split("@")[0]), "writer": writer,
+                                                              "phases": clock.totals}))
+    assert load_totals([folder])[1] == 3
+    clock = PhaseClock()
+    clock.write(folder / "L1.rank1.phases")
+    clock.write(folder / "L1.rank1.reference3.phases")
+    assert load_totals([folder])[1] == 4  # this process, once
+    assert json.loads((folder / "L1.rank1.phases").read_text())["writer"] == writer_id()
+
+
 @pytest.mark.slow
 def test_every_cells_phases_add_up_to_its_wall_and_every_rank_leaves_its_totals(tmp_path):
     out = tmp_path / "r.jsonl"
@@ -120,11 +139,12 @@ def test_every_cells_phases_add_up_to_its_wall_and_every_rank_leaves_its_totals(
     assert len(workers) == 4  # one launch of 4 ranks
     references = sorted(p.name for p in (tmp_path / "r.logs").glob("*.reference*.phases"))
     assert len(references) == 8  # every cell's reference wrote its phases
-    judges = {name.split(".")[0] for name in references}
+    judges = {name.split(".")[1] for name in references}  # "<launch>.rank0.reference3.phases": rank0
     servers = list((tmp_path / "r.logs").glob("*.forkserver.phases"))
     assert len(servers) == 1  # the ranks were forked from one warm server (harness.launch.forkserver)
     assert set(json.loads(servers[0].read_text())["phases"]) >= {"startup", "preload"}
-    assert n == 4 + len(judges) + 1  # and one referee per judging rank served them
+    assert judges and all(re.fullmatch(r"rank\d", j) for j in judges), judges
+    assert n == 4 + len(judges) + 1  # and one referee per judging rank served them (processes, not pids)
     per_rank = [json.loads(p.read_text())["phases"] for p in workers]
     # Every rank of the launch takes part in each 4-rank cell, one after another, after its own
     # startup: its life covers them all and stays within the run's wall. (Not a fraction of the

@@ -132,22 +132,36 @@ class PhaseClock:
     def write(self, path: Path | str, **about: object) -> None:
         """The totals as JSON (``load_totals`` reads them); never raises."""
         with contextlib.suppress(OSError):
-            Path(path).write_text(json.dumps({"pid": os.getpid(), **about, "phases": self.snapshot()}))
+            Path(path).write_text(json.dumps({"pid": os.getpid(), "writer": writer_id(), **about,
+                                              "phases": self.snapshot()}))
 
 
 #: this process's clock
 CLOCK = PhaseClock()
 
 
-def process_age() -> tuple[float, float]:
-    """(wall, CPU) seconds since this process started (Linux: ``/proc``; elsewhere the wall is 0)."""
-    cpu = time.process_time()
+def _start_ticks() -> int | None:
+    """This process's start time in clock ticks since boot (Linux ``/proc``; None elsewhere)."""
     try:
         with open("/proc/self/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        started = int(fields[19]) / os.sysconf("SC_CLK_TCK")
-        return max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - started), cpu
-    except (OSError, ValueError, IndexError, AttributeError):
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def writer_id() -> str:
+    """Which process wrote a phases file: its pid and start time. A pid alone repeats: a suite
+    that starts thousands of processes and threads wraps the pid range (32,768 on the project's machine), so a
+    referee started late can get the pid of a server that has ended."""
+    return f"{os.getpid()}@{_start_ticks()}"
+
+
+def process_age() -> tuple[float, float]:
+    """(wall, CPU) seconds since this process started (Linux: ``/proc``; elsewhere the wall is 0)."""
+    cpu, ticks = time.process_time(), _start_ticks()
+    try:
+        return max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")), cpu
+    except (TypeError, OSError, ValueError, AttributeError):
         return 0.0, cpu
 
 
@@ -190,7 +204,7 @@ def load_totals(folders: list[Path]) -> tuple[dict[str, list[float]], int]:
                 phases = data["phases"]
             except (OSError, ValueError, KeyError, TypeError):
                 continue
-            writers.add((str(folder), data.get("pid", path.name)))
+            writers.add((str(folder), data.get("writer", data.get("pid", path.name))))
             for k, (wall, cpu) in phases.items():
                 entry = totals.setdefault(k, [0.0, 0.0])
                 entry[0] += wall
