@@ -4,6 +4,8 @@ cell to be answered by it instead of run (``harness.launch.incremental``).
 The key (``CellInputs.key``) covers, for every cell:
 
 * the torch build (version, git hash, CUDA), read from the installed files, not imported;
+* the content of every installed file (site-packages and torch's folder: an edited torch or
+  transformers file under the same version; ``harness.plan.installed``);
 * the device and backend, and the machine: CPU model, the CPU kernel set torch may dispatch
   to (its ISA flags, ``ATEN_CPU_CAPABILITY``), the GPU model where the cell is on CUDA;
 * the Python interpreter (version, ``-O``) and the environment variables a cell's outcome may
@@ -41,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.plan.cells import Cell
+from harness.plan.installed import installed_code
 from harness.undertest.source import PatchSource, is_path
 
 __all__ = ["ENV_NAMES", "ENV_PREFIXES", "PROJECT_ROOT", "CellInputs", "harness_files", "import_closure"]
@@ -219,7 +222,7 @@ class CellInputs:
         referee adds (``harness.train.reuse``): every input of ``key`` but the cell's options and
         the module under test, which the reference never sees."""
         return _digest(_torch_build(), _machine(cell.device), self.environment, _harness_digest(), _installs(),
-                       self.scenario_digest(cell.scenario))
+                       installed_code(), self.scenario_digest(cell.scenario))
 
     @functools.cached_property
     def environment(self) -> str:

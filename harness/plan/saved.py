@@ -43,6 +43,7 @@ from harness.plan.inputs import (
     _torch_build,
     import_closure,
 )
+from harness.plan.installed import installed_code
 from harness.runconfig import RunConfig
 from harness.undertest.source import locate
 from harness.vocabulary import DEFAULT_MODULE
@@ -91,6 +92,7 @@ def plan_key(config: RunConfig, environ: Mapping[str, str] | None = None) -> str
     try:
         modules = [_module_digest(spec, config) for spec in dict.fromkeys((config.patches, DEFAULT_MODULE))]
         return _digest(str(_FORMAT), json.dumps(options, sort_keys=True, default=str), _torch_build(), _installs(),
+                       installed_code(),
                        *(_machine(d) for d in sorted(set(config.devices))),
                        _environment(os.environ if environ is None else environ),
                        _harness_digest(), _files_digest(_scenario_files(config)), *modules)
