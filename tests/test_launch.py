@@ -31,6 +31,25 @@ def _descendants_of_launches(tmp_path) -> list[str]:
             if str(tmp_path) in " ".join(p.info["cmdline"] or [])]
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("name, stuck, how", [("fault_gil_deadlock", 1, "rank 1 never reported"),
+                                              ("fault_gil_deadlock_judge", 0, "launch killed")])
+def test_a_rank_stuck_in_c_holding_the_gil_has_its_threads_stacks_on_the_hang_record(tmp_path, name, stuck, how):
+    """The judge records the cell (rank 1 stuck), or the launcher does once it kills the launch (rank 0's
+    cell process stuck, the judge waiting on it): either way the record shows where the stuck rank's threads were."""
+    cells = _cells([name, "fault_after"])
+    opts = LaunchOptions(config=RunConfig(run_id="t", out=tmp_path / "r.jsonl", scenario_dirs=[str(FIXTURE_SCENARIOS)]),
+                         log_dir=tmp_path / "logs")
+    by = {r.scenario: r for r in run_cells(cells, opts).records}
+    rec = by[name]
+    assert rec.status == "hang" and rec.as_expected and how in rec.exc_msg, rec.exc_msg
+    head = f"--- rank {stuck}: its threads 1 s after the deadline ---"
+    assert rec.traceback.startswith("--- rank ") and head in rec.traceback, rec.traceback
+    block = rec.traceback.split(head, 1)[1].split("\n--- rank ")[0]
+    assert f"_deadlock_rank{stuck}" in block and "_deadlock_in_c" in block, rec.traceback
+    assert by["fault_after"].status == "pass"
+
+
 def test_faults_are_classified_within_their_timeout_and_later_cells_run(tmp_path):
     cells = _cells(["fault_hang", "fault_hang_rank1", "fault_abort", "fault_raise", "fault_after"])
     opts = LaunchOptions(config=RunConfig(run_id="t", out=tmp_path / "r.jsonl", scenario_dirs=[str(FIXTURE_SCENARIOS)]),

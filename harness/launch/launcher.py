@@ -3,9 +3,8 @@
 The workers record the cells they finish (``harness.rank.worker``); this process follows a
 launch's progress file (cell starts, with their ranks) and the records file. A cell
 still open ``timeout_s + grace_s`` after its start (stuck where the worker's own
-watchdog cannot reach) gets the launch killed and is recorded as a hang, with where each
-of its ranks was; a launch that dies (a rank aborts) gets the cell on the dead rank
-recorded as a crash. Cells that were running beside them, or not yet started, run in a new launch.
+watchdog cannot reach) gets the launch killed and is recorded as a hang, with where each of its ranks
+was and their threads' stacks; a launch that dies (a rank aborts) gets the cell on the dead rank recorded as a crash. Cells that were running beside them, or not yet started, run in a new launch.
 Every process a launch starts is reaped on every path (``harness.process.tree``): a normal end, a timeout, a
 crash, an exception in the harness, SIGINT or SIGTERM; so is every process the code under test started, reparented
 ones included (this process is a child subreaper while cells run). On a signal the run stops launching, reaps, and
@@ -36,6 +35,7 @@ from harness.process import tree as procs
 from harness.process.crashlog import crash_cause, exit_message, fatal_signal, tail
 from harness.process.gpus import gpu_slice, skip_reason, visible_gpus, worker_slot
 from harness.protocol import IDLE, LaunchPlan, phase_words, read_exit, read_phase
+from harness.rank.watchdog import read_stacks
 from harness.results import record
 from harness.results.outcome import CellOutcome
 from harness.runconfig import RunConfig
@@ -171,11 +171,13 @@ def _launch(cells: list[Cell], opts: LaunchOptions, result: RunResult) -> list[C
         return [c for c in cells if c.index not in watch.recorded]
     opened = {i: t for i, t in watch.starts.items() if i not in watch.recorded}
     if killed_for is not None:
-        phases = "; ".join(f"rank {r} in {p!r}" for r in watch.ranks.get(killed_for.index, [])
-                           if (p := read_phase(plan.stamp_file(r))))
+        ranks = watch.ranks.get(killed_for.index, [])
+        phases = "; ".join(f"rank {r} in {p!r}" for r in ranks if (p := read_phase(plan.stamp_file(r))))
         msg = (f"no result {killed_for.timeout_s:g} s + {opts.grace_s:g} s after the cell started; launch killed"
                + (f" ({phases})" if phases else ""))
-        _accept(_outside(killed_for, opts, "hang", opened.pop(killed_for.index), log_path, exc_msg=msg), result, opts)
+        stacks = read_stacks({r: plan.stamp_file(r) for r in ranks})  # where each stuck rank's threads were
+        _accept(_outside(killed_for, opts, "hang", opened.pop(killed_for.index), log_path, exc_msg=msg,
+                         **({"traceback": f"{stacks}\n\n{tail(log_path, 60)}"} if stacks else {})), result, opts)
     elif opened:
         crashed = crashed or _exited(plan, [r for i in opened for r in watch.ranks.get(i, [])])
         exc_type, msg, rank = crash_cause(log_path) if crashed is None else (crashed[1], crashed[2], crashed[0])
@@ -259,11 +261,9 @@ def _follow(proc, plan: LaunchPlan, log_path: Path, watch: LaunchFollower, by_in
 
 
 def _start(plan: LaunchPlan, plan_path: Path, log_path: Path, opts: LaunchOptions, world: int):
-    if opts.config.nnodes > 1:
-        assert opts.config.rdzv_endpoint, "multi-node runs need a rendezvous endpoint"
-        rdzv = ["--nnodes", str(opts.config.nnodes), "--node-rank", str(opts.config.node_rank), "--rdzv-endpoint", opts.config.rdzv_endpoint]
-    else:
-        rdzv = ["--standalone"]
+    assert opts.config.nnodes == 1 or opts.config.rdzv_endpoint, "multi-node runs need a rendezvous endpoint"
+    rdzv = ["--nnodes", str(opts.config.nnodes), "--node-rank", str(opts.config.node_rank), "--rdzv-endpoint",
+            opts.config.rdzv_endpoint] if opts.config.nnodes > 1 else ["--standalone"]
     torchrun = [opts.python, "-m", "torch.distributed.run", *rdzv, "--nproc-per-node", str(world // opts.config.nnodes)]
     worker_args = ["--plan", str(plan_path.resolve())]
     env = launch_env(opts.python_path)
@@ -292,7 +292,7 @@ def _outside(cell: Cell, opts: LaunchOptions, status: str, t0: float, log_path: 
              **fields: Any) -> record.Record:
     """A record written by the launcher for a cell its launch could not finish."""
     if log_path is not None:
-        fields.update(log=str(log_path), traceback=tail(log_path, 60))
+        fields = {"log": str(log_path), "traceback": tail(log_path, 60), **fields}
     rec = record.new_record(cell, CellOutcome(status=status, **fields), run_id=opts.run_id, launch_id="launcher",
                             patches_module=opts.config.patches, patches_module_id=opts.patches_module_id, t0=t0,
                             order_seed=opts.config.shuffle)

@@ -1,10 +1,9 @@
 """One cell on one rank of its slot: install its patch set, train, agree on the outcome, and (the slot's first
 rank) judge it and write its record.
 
-Every step of user code runs under the cell's deadline (``harness.rank.watchdog``): the patches module's
-import and install, process-group setup, model build, forward and backward. The ranks agree on the outcome
-through the store (``harness.rank.peers``). A rank that failed shuts its collective sockets at once, so a
-peer blocked in a collective on it fails at once instead of at the timeout.
+User code (patch import and install, group setup, model build, forward, backward) runs under the cell's deadline
+(``harness.rank.watchdog``); the ranks agree on the outcome through the store (``harness.rank.peers``). A rank that
+failed shuts its collective sockets, so a blocked peer fails at once; one that never reports has its stacks recorded.
 
 Isolation (``RunConfig.isolate``, ``harness.plan.placement``): by default every CPU cell runs in a process
 forked from the rank's zygote (``harness.rank.forked``), so it starts from the torch every cell starts from,
@@ -37,7 +36,7 @@ from harness.rank.phases import CLOCK, fold, read_totals
 from harness.rank.registries import Registries
 from harness.rank.skips import skip_fields
 from harness.rank.state import GlobalState
-from harness.rank.watchdog import CellTimeout, Watchdog
+from harness.rank.watchdog import CellTimeout, Watchdog, read_stacks
 from harness.results import record
 from harness.results.outcome import CellOutcome
 from harness.scenario.spec import Scenario
@@ -195,6 +194,7 @@ class CellRun:
         if missing or not all(o.ok for o in outcomes):
             phases = {r: read_phase(self.plan.stamp_file(slot_rank0 + r)) for r in missing}
             outcome = peers.blame(outcomes, phases, cell.timeout_s)
+            outcome.traceback = read_stacks({r: self.plan.stamp_file(slot_rank0 + r) for r in missing}) or outcome.traceback
         else:
             outcome = CellOutcome.from_json(mine.prepared) if mine.prepared else self._verdict(cell, mine)
         left = [*mine.left_state, *(f"{c} (rank {o.rank})" for o in outcomes if o.rank != 0 for c in o.left_state

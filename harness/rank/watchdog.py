@@ -14,6 +14,10 @@ same launch; sooner where the hang is certain, every rank of the slot blocked wi
 running (``harness.rank.deadlock``: ``deadlock``). Code stuck where neither reaches (a C loop holding the GIL) is left to the
 launcher, which kills the launch ``grace_s`` after the deadline.
 
+A rank still in its cell ``STACKS_AFTER_S`` after the deadline writes every thread's Python
+stack to ``stacks_file`` (``faulthandler``: a C thread, so a rank stuck in C code holding the
+GIL writes it too); the launcher puts the stacks of the ranks it kills in the hang's record.
+
 Each rank also stamps its phase into a small file the launcher can read after a kill,
 so a hang record names the ranks that did not arrive and where they were. The file is
 mapped into memory (``PhaseBoard``): a stamp is a write into a shared page, no file is
@@ -25,6 +29,7 @@ and that phase first, so the record can say which rank ended, how and where.
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import json
 import mmap
 import os
@@ -40,7 +45,10 @@ from harness.protocol import IDLE, write_exit, write_phase
 from harness.rank.deadlock import LOOK_S, Slot
 from harness.rank.phases import CLOCK, category_of
 
-__all__ = ["CellTimeout", "PhaseBoard", "Watchdog", "note_exits"]
+__all__ = ["STACKS_AFTER_S", "CellTimeout", "PhaseBoard", "Watchdog", "note_exits", "read_stacks", "stacks_file"]
+
+#: seconds after a cell's deadline at which a rank still in it writes its threads' stacks
+STACKS_AFTER_S = 1.0
 
 
 class CellTimeout(BaseException):
@@ -81,6 +89,21 @@ def _board(path: Path | None) -> Callable[[str], None] | None:
         return lambda phase: write_phase(path, phase)
 
 
+def stacks_file(stamp_file: Path) -> Path:
+    """Where the rank that stamps ``stamp_file`` writes its threads' stacks (``STACKS_AFTER_S``)."""
+    return stamp_file.with_suffix(".stacks")
+
+
+def read_stacks(stamp_files: dict[int, Path]) -> str:
+    """The stacks the ranks (rank -> stamp file) wrote for the cell they are in, one block per rank."""
+    blocks = []
+    for rank, path in sorted(stamp_files.items()):
+        with contextlib.suppress(OSError):
+            if text := stacks_file(path).read_text(errors="replace").strip():
+                blocks.append(f"--- rank {rank}: its threads {STACKS_AFTER_S:g} s after the deadline ---\n{text}")
+    return "\n\n".join(blocks)
+
+
 class Watchdog:
     """One per worker process; arm it per cell."""
 
@@ -101,6 +124,7 @@ class Watchdog:
         self._in_user_code = False
         self._wake = threading.Condition()
         self._main = threading.main_thread().ident
+        self._stacks = None  # the open stacks file (faulthandler keeps writing to it)
         signal.signal(signal.SIGALRM, self._on_alarm)
         threading.Thread(target=self._watch, name="cell-watchdog", daemon=True).start()
 
@@ -110,12 +134,25 @@ class Watchdog:
         with CLOCK.timed("watchdog"), self._wake:
             self.deadline, self.fired, self.deadlock, self.slot = time.time() + timeout_s, False, False, slot
             self._wake.notify()
+            self._stacks_later(timeout_s + STACKS_AFTER_S)
 
     def disarm(self) -> None:
         with CLOCK.timed("watchdog"), self._wake:
             self.deadline = None
             self._wake.notify()
+            faulthandler.cancel_dump_traceback_later()
         self.stamp(IDLE)
+
+    def _stacks_later(self, after_s: float) -> None:
+        """Every thread's stack into an emptied ``stacks_file`` ``after_s`` from now, unless disarmed."""
+        if self.stamp_file is None:
+            return
+        with contextlib.suppress(OSError, ValueError, RuntimeError):
+            if self._stacks is None or self._stacks.closed:
+                self._stacks = open(stacks_file(self.stamp_file), "w")  # noqa: SIM115 (kept open for faulthandler)
+            self._stacks.truncate(0)
+            self._stacks.seek(0)
+            faulthandler.dump_traceback_later(after_s, file=self._stacks)
 
     @contextlib.contextmanager
     def user_code(self, phase: str) -> Iterator[None]:
