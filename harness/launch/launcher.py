@@ -1,14 +1,14 @@
 """Launch cells under torchrun, one launch per device, and account for every cell.
 
-The workers record the cells they finish (``harness.rank.worker``); this process follows a
-launch's progress file (cell starts, with their ranks) and the records file. A cell
-still open ``timeout_s + grace_s`` after its start (stuck where the worker's own
-watchdog cannot reach) gets the launch killed and is recorded as a hang, with where each of its ranks
-was and their threads' stacks; a launch that dies (a rank aborts) gets the cell on the dead rank recorded as a crash. Cells that were running beside them, or not yet started, run in a new launch.
-Every process a launch starts is reaped on every path (``harness.process.tree``): a normal end, a timeout, a
-crash, an exception in the harness, SIGINT or SIGTERM; so is every process the code under test started, reparented
-ones included (this process is a child subreaper while cells run). On a signal the run stops launching, reaps, and
-returns what finished; nothing writes to the records file after that. What the launch's processes handed each other goes.
+The workers record the cells they finish (``harness.rank.worker``); this process follows a launch's progress file
+(cell starts, with their ranks) and the records file. A cell still open ``timeout_s + grace_s`` after its start (stuck
+where the worker's own watchdog cannot reach) gets the launch killed and is recorded as a hang, with where each of its
+ranks was and their threads' stacks; a launch that dies (a rank aborts) gets the cell on the dead rank recorded as a
+crash. Cells that were running beside them, or not yet started, run in a new launch. Every process a launch starts is
+reaped on every path (``harness.process.tree``): a normal end, a timeout, a crash, an exception in the harness, SIGINT
+or SIGTERM; so is every process the code under test started, reparented ones included (this process is a child
+subreaper while cells run). On a signal the run stops launching, reaps, and returns what finished; nothing writes to
+the records file after that. What the launch's processes handed each other goes.
 
 A rank that code under test ended (``os._exit`` in a patch) notes its exit code and phase;
 its cell is recorded as a crash naming the rank, the code and the phase.
