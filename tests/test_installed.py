@@ -82,6 +82,22 @@ def test_bytecode_and_package_metadata_are_left_out_and_files_added_or_removed_c
     assert content_digest([site], None) == first  # no cache: every file read, the same digest
 
 
+def test_the_module_under_test_installed_there_is_left_to_its_own_key(site, tmp_path):
+    """A patches module installed in site-packages is keyed by the code of it each cell ran
+    (``harness.undertest.code_ran``): an edit of it must not rerun every cell, vanilla ones included."""
+    module = site / "mypatches"
+    module.mkdir()
+    (module / "__init__.py").write_text("def patch_fsdp_x():\n    pass\n")
+    (site / "mypatches_extra.py").write_text("y = 1\n")
+    cache, leave = tmp_path / "cache.json", (str(module), str(site / "mypatches_extra.py"))
+    first = content_digest([site], cache, leave)
+    (module / "__init__.py").write_text("def patch_fsdp_x():\n    return 1\n")
+    (site / "mypatches_extra.py").write_text("y = 2\n")
+    assert content_digest([site], cache, leave) == first
+    (site / "torch" / "__init__.py").write_text("version = 2\n")
+    assert content_digest([site], cache, leave) != first
+
+
 def test_a_cache_that_cannot_be_written_costs_only_time(site, tmp_path, hashed):
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("a file where the cache's folder would go\n")
@@ -114,8 +130,8 @@ def test_every_cells_key_and_the_saved_plans_key_follow_the_installed_code(monke
                 timeout_s=30)
     keys = []
     for code in ("before", "after"):
-        monkeypatch.setattr(inputs, "installed_code", lambda code=code: code)
-        monkeypatch.setattr(saved, "installed_code", lambda code=code: code)
+        monkeypatch.setattr(inputs, "installed_code", lambda leave_out=(), code=code: code)
+        monkeypatch.setattr(saved, "installed_code", lambda leave_out=(), code=code: code)
         cells = inputs.CellInputs(scenario_files={}, source=locate("fsdp_patches"))
         keys.append((cells.key(cell), cells.reference_inputs(cell), saved.plan_key(RunConfig())))
     assert all(a != b for a, b in zip(*keys)), keys  # the cell's key, its reference's, the plan's

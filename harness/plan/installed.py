@@ -85,10 +85,12 @@ def _file_digest(path: str) -> str:
     return h.hexdigest()[:32]
 
 
-def content_digest(roots: list[Path], cache: Path | None) -> str:
-    """One digest of the content of every file under ``roots`` (by path relative to its root),
-    files read only where ``cache`` has no digest for their current stat; ``cache`` is rewritten
-    where anything moved (None, or a folder that cannot be written: every file is read)."""
+def content_digest(roots: list[Path], cache: Path | None, leave_out: tuple[str, ...] = ()) -> str:
+    """One digest of the content of every file under ``roots`` (by path relative to its root) but
+    those in ``leave_out`` (files or folders), files read only where ``cache`` has no digest for
+    their current stat; ``cache`` is rewritten where anything moved (None, or a folder that cannot
+    be written: every file is read)."""
+    skipped = tuple(f"{p.rstrip('/')}/" for p in leave_out)
     known: dict = {}
     if cache is not None:
         with contextlib.suppress(OSError, ValueError):
@@ -106,7 +108,8 @@ def content_digest(roots: list[Path], cache: Path | None) -> str:
                 except OSError:  # unreadable or removed meanwhile: named, not hashed
                     entry = [*stamp, "unreadable"]
             fresh[where] = entry
-            h.update(f"{n}\0{rel}\0{entry[4]}\n".encode())
+            if where not in leave_out and not where.startswith(skipped):
+                h.update(f"{n}\0{rel}\0{entry[4]}\n".encode())
     if cache is not None and (changed or fresh.keys() != known.keys()):
         tmp = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")
         try:
@@ -130,6 +133,8 @@ def _cache_file() -> Path:
 
 
 @functools.cache
-def installed_code() -> str:
-    """``content_digest`` of this interpreter's ``installed_roots``, its cache beside the venv."""
-    return content_digest(installed_roots(), _cache_file())
+def installed_code(leave_out: tuple[str, ...] = ()) -> str:
+    """``content_digest`` of this interpreter's ``installed_roots``, its cache beside the venv;
+    ``leave_out``: the module under test where it is installed (a cell's key holds the code of it
+    that the cell ran, and a vanilla cell's none of it: an edit must not rerun every cell)."""
+    return content_digest(installed_roots(), _cache_file(), tuple(sorted(leave_out)))

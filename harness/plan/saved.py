@@ -90,9 +90,10 @@ def plan_key(config: RunConfig, environ: Mapping[str, str] | None = None) -> str
     None where some input cannot be read (the run plans, and says why)."""
     options = {k: v for k, v in config.to_json().items() if k not in _NOT_PLANNED}
     try:
-        modules = [_module_digest(spec, config) for spec in dict.fromkeys((config.patches, DEFAULT_MODULE))]
+        specs = dict.fromkeys((config.patches, DEFAULT_MODULE))
+        modules = [_module_digest(spec, config) for spec in specs]
         return _digest(str(_FORMAT), json.dumps(options, sort_keys=True, default=str), _torch_build(), _installs(),
-                       installed_code(),
+                       installed_code(tuple(str(locate(spec).path.resolve()) for spec in specs)),
                        *(_machine(d) for d in sorted(set(config.devices))),
                        _environment(os.environ if environ is None else environ),
                        _harness_digest(), _files_digest(_scenario_files(config)), *modules)
