@@ -222,7 +222,12 @@ class CellInputs:
         referee adds (``harness.train.reuse``): every input of ``key`` but the cell's options and
         the module under test, which the reference never sees."""
         return _digest(_torch_build(), _machine(cell.device), self.environment, _harness_digest(), _installs(),
-                       installed_code((str(self.source.path.resolve()),)), self.scenario_digest(cell.scenario))
+                       self.installed, self.scenario_digest(cell.scenario))
+
+    @functools.cached_property
+    def installed(self) -> str:
+        """The installed files' content, the module under test's own left to ``module_digest``."""
+        return installed_code((str(self.source.path.resolve()),))
 
     @functools.cached_property
     def environment(self) -> str:

@@ -45,7 +45,7 @@ from harness.plan.inputs import (
 )
 from harness.plan.installed import installed_code
 from harness.runconfig import RunConfig
-from harness.undertest.source import locate
+from harness.undertest.source import PatchSource, locate
 from harness.vocabulary import DEFAULT_MODULE
 
 __all__ = ["KEEP", "folder", "load", "plan_key", "save", "used"]
@@ -73,11 +73,10 @@ def _scenario_files(config: RunConfig) -> list[Path]:
     return sorted(files)
 
 
-def _module_digest(spec: str, config: RunConfig) -> str:
+def _module_digest(source: PatchSource, config: RunConfig) -> str:
     """Every file of the module under test's folder (or its one file), and what a cell's key
     holds of it besides (``CellInputs.module_digest``: the files outside it that it imports, its
     parent packages' ``__init__``, the patch mapping)."""
-    source = locate(spec)
     root = source.path.resolve()
     own = [root] if root.is_file() else \
         sorted(f for f in root.rglob("*") if f.is_file() and "__pycache__" not in f.parts)
@@ -90,10 +89,10 @@ def plan_key(config: RunConfig, environ: Mapping[str, str] | None = None) -> str
     None where some input cannot be read (the run plans, and says why)."""
     options = {k: v for k, v in config.to_json().items() if k not in _NOT_PLANNED}
     try:
-        specs = dict.fromkeys((config.patches, DEFAULT_MODULE))
-        modules = [_module_digest(spec, config) for spec in specs]
+        sources = [locate(spec) for spec in dict.fromkeys((config.patches, DEFAULT_MODULE))]
+        modules = [_module_digest(source, config) for source in sources]
         return _digest(str(_FORMAT), json.dumps(options, sort_keys=True, default=str), _torch_build(), _installs(),
-                       installed_code(tuple(str(locate(spec).path.resolve()) for spec in specs)),
+                       installed_code(tuple(str(source.path.resolve()) for source in sources)),
                        *(_machine(d) for d in sorted(set(config.devices))),
                        _environment(os.environ if environ is None else environ),
                        _harness_digest(), _files_digest(_scenario_files(config)), *modules)
