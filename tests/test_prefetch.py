@@ -69,6 +69,30 @@ def test_nothing_is_fetched_for_a_next_session_whose_venv_has_its_installs(tmp_p
     assert prefetch_next(session, matrix, after=("2.8.0", "cpu")) == "proc"  # other installs: fetched
 
 
+def test_a_relative_nox_envdir_still_finds_the_next_venvs_installs(tmp_path, monkeypatch):
+    """nox's runners give ``.nox/<name>`` (its default ``--envdir`` is relative) while the venv's
+    own session writes its mark from its absolute location: a rerun must not fetch. A fetch
+    hard-links every file of the next version into a scratch folder and removes it, which moves
+    the change time of every file those links share with the venvs (uv's cache links them), and
+    so made each venv's installed-code digest read all its files again (3 s a CUDA build)."""
+    from harness.envs.session import harness_folder, install_key, matrix_installs
+
+    (tmp_path / "m.yaml").write_text("devices:\n  cpu:\n    torch: ['2.8.0', '2.9.1']\n")
+    matrix = load_matrix(tmp_path / "m.yaml")
+    monkeypatch.setattr(prefetch, "start", lambda *args: "proc")
+    monkeypatch.chdir(tmp_path)
+    queued = _queued("matrix", torch="2.9.1", device="cpu")
+    queued.envdir = os.path.join(".nox", "matrix-torch-2-9-1-device-cpu")
+    session = _session([queued], str(tmp_path / ".nox" / "matrix-torch-2-8-0-device-cpu"))
+    folder = harness_folder(tmp_path / ".nox" / "matrix-torch-2-9-1-device-cpu")  # as its session writes it
+    folder.mkdir(parents=True)
+    key = install_key(matrix_installs(matrix, "2.9.1", "cpu", folder))
+    assert str(folder) in key  # the overrides file is named by its absolute path
+    (folder / "bytecode-written").write_text(key)
+    assert prefetch.queued_venv(session, ("2.9.1", "cpu")) == tmp_path / ".nox" / "matrix-torch-2-9-1-device-cpu"
+    assert prefetch_next(session, matrix, after=("2.8.0", "cpu")) is None
+
+
 def _fake_uv(tmp_path: Path, body: str) -> Path:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()

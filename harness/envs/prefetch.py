@@ -15,6 +15,7 @@ folder left by a killed fetch is removed by the next.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -50,10 +51,11 @@ def queued_cells(session: Any) -> list[tuple[str, str]]:
 
 def queued_venv(session: Any, cell: tuple[str, str]) -> Path | None:
     """The venv folder of the queued matrix session for ``cell`` (torch, device), from nox's
-    queue (a session runner's ``envdir``); None where the queue does not say."""
+    queue (a session runner's ``envdir``), absolute as nox makes the venv's location: the
+    paths in its installs (an overrides file) are written so; None where the queue does not say."""
     for queued_cell, queued in _queued(session):
         if queued_cell == cell and isinstance(getattr(queued, "envdir", None), str):
-            return Path(queued.envdir)
+            return Path(os.path.abspath(queued.envdir))  # nox's default envdir is relative (.nox)
     return None
 
 
