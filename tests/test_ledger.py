@@ -61,6 +61,8 @@ def test_record_keeps_the_ledger_and_old_records_load():
 
 def test_recording_counts_outermost_calls_and_restores(one_rank_group):
     original, original_funcol = dist.all_reduce, funcol.all_gather_single
+    original_method = dist.ProcessGroup.__dict__["allreduce"]
+    original_backend = torch._C._distributed_c10d.Backend.__dict__["allreduce"]
     with recording() as led:
         assert dist.all_reduce is not original
         dist.all_reduce(torch.ones(3))  # not recording yet: the harness's own
@@ -69,9 +71,15 @@ def test_recording_counts_outermost_calls_and_restores(one_rank_group):
         dist.all_gather_into_tensor(torch.empty(5), torch.ones(5))  # may forward to a newer name: counts once
         dist.all_reduce(torch.ones(2, dtype=torch.bfloat16))
         funcol.all_gather_tensor(torch.ones(5), 0, dist.group.WORLD)  # 2.13+: calls funcol.all_gather_single
+        group = dist.group.WORLD  # a patch may skip the module's functions: the group's and its backend's methods
+        group._get_backend(torch.device("cpu")).allreduce([torch.ones(4)]).wait()
+        group.allreduce([torch.ones(4)]).wait()
+        group.allgather([[torch.empty(3)]], [torch.ones(3)]).wait()  # per-rank chunks: their sum is the buffer
     assert dist.all_reduce is original and funcol.all_gather_single is original_funcol
-    assert sorted(led.rows()) == sorted([[0, 1, "backward", "all_reduce", 1, "float32", 1, 12],
-                                         [0, 1, "backward", "all_gather", 1, "float32", 2, 40],
+    assert dist.ProcessGroup.__dict__["allreduce"] is original_method
+    assert torch._C._distributed_c10d.Backend.__dict__["allreduce"] is original_backend
+    assert sorted(led.rows()) == sorted([[0, 1, "backward", "all_reduce", 1, "float32", 3, 12 + 16 + 16],
+                                         [0, 1, "backward", "all_gather", 1, "float32", 3, 40 + 12],
                                          [0, 1, "backward", "all_reduce", 1, "bfloat16", 1, 4]])
 
 

@@ -13,7 +13,11 @@ by counting wrappers, and put back afterwards. This holds across torch 2.7-2.15 
 FSDP2 calls its collectives through the module at call time (``dist.all_gather_into_tensor``
 / ``dist.reduce_scatter_tensor`` through 2.13's deprecation, ``dist.all_gather_single`` /
 ``dist.reduce_scatter_single`` from 2.13/2.14 on, ``dist.all_reduce`` for HSDP) and DTensor
-redistributes (the clip norm's all-reduce) through ``funcol.<name>``. Renamed functions
+redistributes (the clip norm's all-reduce) through ``funcol.<name>``. The collective methods of
+c10d's ``ProcessGroup`` and ``Backend`` classes are wrapped too (``METHOD_KINDS``): a patch may
+issue a collective on a group or on its backend directly (``group._get_backend(device).allreduce``,
+as the project's bug-F patch does), which no function of the modules sees; every backend (gloo,
+NCCL, the fake one) inherits these methods from ``Backend``. Renamed functions
 map to one kind ("all_gather", "reduce_scatter"), so a rename is not a behaviour change;
 a wrapper called from inside another (2.13's deprecated names forward to the new ones)
 counts once, the outermost. ``CommDebugMode`` was not chosen: it is a dispatch mode, so it
@@ -40,6 +44,7 @@ import torch
 
 __all__ = [
     "KINDS",
+    "METHOD_KINDS",
     "Entry",
     "Ledger",
     "LedgerCheck",
@@ -58,6 +63,18 @@ KINDS: dict[str, str] = {
     "reduce_scatter_tensor_autograd": "reduce_scatter", "reduce_scatter_tensor_coalesced": "reduce_scatter",
     "all_reduce": "all_reduce", "all_reduce_coalesced": "all_reduce",
     "broadcast": "broadcast", "all_to_all_single": "all_to_all", "all_to_all": "all_to_all",
+    "barrier": "barrier",
+}
+#: method name -> kind, for the collective methods of c10d's ``ProcessGroup`` and ``Backend`` in some release
+METHOD_KINDS: dict[str, str] = {
+    "allreduce": "all_reduce", "allreduce_coalesced": "all_reduce",
+    "allgather": "all_gather", "_allgather_base": "all_gather", "allgather_coalesced": "all_gather",
+    "allgather_into_tensor_coalesced": "all_gather", "all_gather_single": "all_gather",
+    "all_gather_single_coalesced": "all_gather",
+    "reduce_scatter": "reduce_scatter", "_reduce_scatter_base": "reduce_scatter",
+    "reduce_scatter_tensor_coalesced": "reduce_scatter", "reduce_scatter_single": "reduce_scatter",
+    "reduce_scatter_single_coalesced": "reduce_scatter",
+    "broadcast": "broadcast", "alltoall": "all_to_all", "alltoall_base": "all_to_all", "all_to_all_single": "all_to_all",
     "barrier": "barrier",
 }
 #: kinds whose buffer is the output: a single gathered input is multiplied by the group size
@@ -195,6 +212,13 @@ def _group_size(group: Any) -> int:
     return -1
 
 
+def _method_group_size(group: Any) -> int:
+    try:
+        return int(group.size())
+    except Exception:
+        return -1
+
+
 def _is_group(arg: Any) -> bool:
     """A process group, a device mesh, or funcol's ``(mesh, dim)``."""
     import torch.distributed as dist
@@ -203,20 +227,39 @@ def _is_group(arg: Any) -> bool:
         isinstance(arg, tuple) and len(arg) == 2 and isinstance(arg[0], DeviceMesh))
 
 
-def _wrap(ledger: Ledger, name: str, kind: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+def _tensor_list(a: Any) -> bool:
+    return isinstance(a, (list, tuple)) and bool(a) and all(isinstance(t, torch.Tensor) for t in a)
+
+
+def _buffer(kind: str, size: int, args: tuple, kwargs: dict) -> tuple[str, int]:
+    """The dtype and bytes of a collective's full buffer (the module docstring says which)."""
+    tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+    joined = []  # a method's per-rank chunks, one inner list per tensor: [[chunk, ...]]
+    for a in (*args, *kwargs.values()):
+        if _tensor_list(a):
+            tensors += list(a)
+        elif isinstance(a, (list, tuple)) and a and all(map(_tensor_list, a)):
+            joined += [(sum(t.numel() * t.element_size() for t in inner), inner[0]) for inner in a]
+    big = max(tensors, key=lambda t: t.numel(), default=None)
+    nbytes = 0 if big is None else big.numel() * big.element_size()
+    if kind in _GATHERS and len(tensors) == 1 and not joined and size > 0:
+        nbytes *= size
+    whole = max(joined, key=lambda j: j[0], default=None)
+    if whole is not None and whole[0] > nbytes:
+        nbytes, big = whole
+    return ("" if big is None else str(big.dtype).removeprefix("torch."), nbytes)
+
+
+def _wrap(ledger: Ledger, kind: str, fn: Callable[..., Any], *, method: bool = False) -> Callable[..., Any]:
+    """``fn`` counting its outermost calls; ``method``: a group's or backend's own (its size is ``self``'s)."""
     def counted(*args: Any, **kwargs: Any) -> Any:
         depth = getattr(_depth, "n", 0)
         if depth == 0 and ledger.phase is not None:
-            tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
-            for a in (*args, *kwargs.values()):
-                if isinstance(a, (list, tuple)) and a and all(isinstance(t, torch.Tensor) for t in a):
-                    tensors += list(a)
-            size = _group_size(kwargs["group"] if "group" in kwargs else next(filter(_is_group, args), None))
-            big = max(tensors, key=lambda t: t.numel(), default=None)
-            nbytes = 0 if big is None else big.numel() * big.element_size()
-            if kind in _GATHERS and len(tensors) == 1 and size > 0:
-                nbytes *= size
-            ledger.add(kind, size, "" if big is None else str(big.dtype).removeprefix("torch."), nbytes)
+            if method:
+                size = _method_group_size(args[0])
+            else:
+                size = _group_size(kwargs["group"] if "group" in kwargs else next(filter(_is_group, args), None))
+            ledger.add(kind, size, *_buffer(kind, size, args[1:] if method else args, kwargs))
         _depth.n = depth + 1
         try:
             return fn(*args, **kwargs)
@@ -234,6 +277,7 @@ def recording(ledger: Ledger | None = None) -> Iterator[Ledger | None]:
         yield None
         return
     import torch.distributed as dist
+    from torch._C import _distributed_c10d as c10d
     from torch.distributed import _functional_collectives as funcol
     ledger = ledger if ledger is not None else Ledger()
     saved: list[tuple[Any, str, Any]] = []
@@ -243,7 +287,13 @@ def recording(ledger: Ledger | None = None) -> Iterator[Ledger | None]:
                 fn = module.__dict__.get(name)
                 if callable(fn):
                     saved.append((module, name, fn))
-                    setattr(module, name, _wrap(ledger, name, kind, fn))
+                    setattr(module, name, _wrap(ledger, kind, fn))
+        for cls in (getattr(c10d, "ProcessGroup", None), getattr(c10d, "Backend", None)):
+            for name, kind in METHOD_KINDS.items():
+                fn = None if cls is None else cls.__dict__.get(name)
+                if callable(fn):
+                    saved.append((cls, name, fn))
+                    setattr(cls, name, _wrap(ledger, kind, fn, method=True))
         yield ledger
     finally:
         for module, name, fn in reversed(saved):
