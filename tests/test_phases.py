@@ -7,11 +7,21 @@ import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from harness.protocol import IDLE, install_phase, step_phase
-from harness.rank.phases import CATEGORIES, PhaseClock, category_of, format_table, load_totals, record_sum, writer_id
+from harness.rank.phases import (
+    CATEGORIES,
+    PhaseClock,
+    category_of,
+    format_table,
+    load_totals,
+    read_totals,
+    record_sum,
+    writer_id,
+)
 from tests.support import ROOT
 
 
@@ -117,6 +127,30 @@ def test_processes_are_counted_by_pid_and_start_time_not_pid_alone(tmp_path):
     clock.write(folder / "L1.rank1.reference3.phases")
     assert load_totals([folder])[1] == 4  # this process, once
     assert json.loads((folder / "L1.rank1.phases").read_text())["writer"] == writer_id()
+
+
+def test_a_write_that_fails_halfway_leaves_the_last_complete_file(tmp_path, monkeypatch):
+    """The launcher ends a launch once each rank's phases file is newer than the last record,
+    without waiting: a file truncated in place and killed before its content (or read between)
+    lost that process's totals and its writer from the count (the likely cause of 5 processes
+    counted for 6 in the test below, seen twice under the whole suite)."""
+    path = tmp_path / "L1.rank0.phases"
+    clock = PhaseClock()
+    clock.add("training", 1.0, 0.5)
+    clock.write(path)
+    before = read_totals(path)
+    assert before["training"] == [1.0, 0.5]
+
+    def torn(self, text, *args, **kwargs):  # opened for writing (truncated), then the disk is full
+        open(self, "w").close()
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", torn)
+    clock.add("training", 1.0, 0.5)
+    clock.write(path)  # never raises
+    monkeypatch.undo()
+    assert read_totals(path) == before and load_totals([tmp_path])[1] == 1
+    assert [p.name for p in tmp_path.glob("*.phases")] == [path.name]
 
 
 @pytest.mark.slow

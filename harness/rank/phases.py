@@ -130,10 +130,15 @@ class PhaseClock:
         return out
 
     def write(self, path: Path | str, **about: object) -> None:
-        """The totals as JSON (``load_totals`` reads them); never raises."""
+        """The totals as JSON (``load_totals`` reads them); never raises. Written aside and renamed
+        into place: the launcher takes a phases file newer than the last record as that rank's
+        last act (``LaunchFollower.finished``) and ends the launch without waiting, so a file
+        truncated in place and not yet written was read as empty, or left so by the teardown."""
+        path = Path(path)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         with contextlib.suppress(OSError):
-            Path(path).write_text(json.dumps({"pid": os.getpid(), "writer": writer_id(), **about,
-                                              "phases": self.snapshot()}))
+            tmp.write_text(json.dumps({"pid": os.getpid(), "writer": writer_id(), **about, "phases": self.snapshot()}))
+            os.replace(tmp, path)
 
 
 #: this process's clock
