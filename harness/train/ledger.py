@@ -195,13 +195,14 @@ _depth = threading.local()
 
 
 def _group_size(group: Any) -> int:
-    """The size of a c10d group, a mesh, funcol's ``(mesh, dim)`` or a group name; -1 if unknown."""
+    """The size of a c10d group or backend, a mesh, funcol's ``(mesh, dim)`` or a group name; -1 if unknown."""
     import torch.distributed as dist
+    from torch._C._distributed_c10d import Backend
     from torch.distributed.device_mesh import DeviceMesh
     try:
         if group is None:
             return dist.get_world_size()
-        if isinstance(group, (dist.ProcessGroup, DeviceMesh)):
+        if isinstance(group, (dist.ProcessGroup, Backend, DeviceMesh)):
             return group.size()
         if isinstance(group, tuple) and len(group) == 2 and isinstance(group[0], DeviceMesh):
             return group[0].size(group[1])
@@ -210,13 +211,6 @@ def _group_size(group: Any) -> int:
     except Exception:
         pass
     return -1
-
-
-def _method_group_size(group: Any) -> int:
-    try:
-        return int(group.size())
-    except Exception:
-        return -1
 
 
 def _is_group(arg: Any) -> bool:
@@ -255,10 +249,8 @@ def _wrap(ledger: Ledger, kind: str, fn: Callable[..., Any], *, method: bool = F
     def counted(*args: Any, **kwargs: Any) -> Any:
         depth = getattr(_depth, "n", 0)
         if depth == 0 and ledger.phase is not None:
-            if method:
-                size = _method_group_size(args[0])
-            else:
-                size = _group_size(kwargs["group"] if "group" in kwargs else next(filter(_is_group, args), None))
+            group = args[0] if method else kwargs["group"] if "group" in kwargs else next(filter(_is_group, args), None)
+            size = _group_size(group)
             ledger.add(kind, size, *_buffer(kind, size, args[1:] if method else args, kwargs))
         _depth.n = depth + 1
         try:
