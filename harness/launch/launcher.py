@@ -176,8 +176,8 @@ def _launch(cells: list[Cell], opts: LaunchOptions, result: RunResult) -> list[C
         msg = (f"no result {killed_for.timeout_s:g} s + {opts.grace_s:g} s after the cell started; launch killed"
                + (f" ({phases})" if phases else ""))
         stacks = read_stacks({r: plan.stamp_file(r) for r in ranks})  # where each stuck rank's threads were
-        _accept(_outside(killed_for, opts, "hang", opened.pop(killed_for.index), log_path, exc_msg=msg,
-                         **({"traceback": f"{stacks}\n\n{tail(log_path, 60)}"} if stacks else {})), result, opts)
+        _accept(_outside(killed_for, opts, "hang", opened.pop(killed_for.index), log_path, exc_msg=msg, stacks=stacks),
+                result, opts)
     elif opened:
         crashed = crashed or _exited(plan, [r for i in opened for r in watch.ranks.get(i, [])])
         exc_type, msg, rank = crash_cause(log_path) if crashed is None else (crashed[1], crashed[2], crashed[0])
@@ -288,11 +288,11 @@ def _accept(rec: record.Record, result: RunResult, opts: LaunchOptions) -> None:
         opts.on_record(rec)
 
 
-def _outside(cell: Cell, opts: LaunchOptions, status: str, t0: float, log_path: Path | None,
+def _outside(cell: Cell, opts: LaunchOptions, status: str, t0: float, log_path: Path | None, stacks: str = "",
              **fields: Any) -> record.Record:
-    """A record written by the launcher for a cell its launch could not finish."""
+    """A record written by the launcher for a cell its launch could not finish (traceback: ``stacks``, the log's tail)."""
     if log_path is not None:
-        fields = {"log": str(log_path), "traceback": tail(log_path, 60), **fields}
+        fields = {"log": str(log_path), "traceback": "\n\n".join(t for t in (stacks, tail(log_path, 60)) if t), **fields}
     rec = record.new_record(cell, CellOutcome(status=status, **fields), run_id=opts.run_id, launch_id="launcher",
                             patches_module=opts.config.patches, patches_module_id=opts.patches_module_id, t0=t0,
                             order_seed=opts.config.shuffle)
